@@ -1,0 +1,244 @@
+"""Device profiles: frozen, validated dataclasses loaded from the YAML files beside this module."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ._checks import (bad, check_bool, check_choice, check_int, check_int_list, check_num,
+                      check_str, set_field, wrong_type)
+
+PROFILE_DIR = Path(__file__).resolve().parent
+DEVICES = ("cpu", "cuda")
+STORAGE_KINDS = ("emmc", "sd", "nvme", "ssd", "hdd")
+DTYPES = ("float32", "float16", "bfloat16")
+ENGINES = ("tensorrt", "onnxruntime", "torch")
+CHECKPOINT_MODES = ("sync", "async")
+_ARCH_RE = re.compile(r"^sm_\d+$")
+# Names double as file stems and CLI arguments, so keep them path-safe.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The accelerator: compute capability, size, and memory system."""
+    arch: str
+    sms: int
+    memory_gb: float
+    unified_memory: bool
+    bandwidth_gbps: float
+
+    def __post_init__(self) -> None:
+        if not _ARCH_RE.match(check_str("gpu.arch", self.arch)):
+            raise bad("gpu.arch", self.arch, "does not match ^sm_\\d+$ (e.g. 'sm_87')")
+        check_int("gpu.sms", self.sms, lo=1)
+        set_field(self, "memory_gb", check_num("gpu.memory_gb", self.memory_gb, gt=0))
+        check_bool("gpu.unified_memory", self.unified_memory)
+        set_field(self, "bandwidth_gbps",
+                  check_num("gpu.bandwidth_gbps", self.bandwidth_gbps, gt=0))
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """The checkpoint medium; typical (not peak) figures, used to size group commits."""
+    kind: str
+    seq_read_mbps: float
+    fsync_ms: float
+
+    def __post_init__(self) -> None:
+        check_choice("storage.kind", self.kind, STORAGE_KINDS)
+        set_field(self, "seq_read_mbps",
+                  check_num("storage.seq_read_mbps", self.seq_read_mbps, gt=0))
+        set_field(self, "fsync_ms", check_num("storage.fsync_ms", self.fsync_ms, gt=0))
+
+
+@dataclass(frozen=True)
+class RuntimeDefaults:
+    """Serving defaults: the static paged KV pool, batch buckets for captured graphs, chunking."""
+    dtype: str
+    kv_pool_mb: float
+    block_size: int
+    batch_buckets: tuple[int, ...]
+    max_context: int
+    prefill_chunk: int
+    cuda_graphs: bool
+
+    def __post_init__(self) -> None:
+        check_choice("runtime.dtype", self.dtype, DTYPES)
+        set_field(self, "kv_pool_mb", check_num("runtime.kv_pool_mb", self.kv_pool_mb, gt=0))
+        bs = check_int("runtime.block_size", self.block_size)
+        if not (1 <= bs <= 256 and bs & (bs - 1) == 0):
+            raise bad("runtime.block_size", bs, "is not a power of two in 1..256")
+        buckets = check_int_list("runtime.batch_buckets", self.batch_buckets)
+        if not buckets:
+            raise bad("runtime.batch_buckets", list(buckets), "is empty (need at least one bucket)")
+        if buckets[0] < 1 or any(a >= b for a, b in zip(buckets, buckets[1:])):
+            raise bad("runtime.batch_buckets", list(buckets),
+                      "is not strictly increasing ints >= 1")
+        set_field(self, "batch_buckets", buckets)
+        check_int("runtime.max_context", self.max_context, lo=1)
+        if self.max_context % bs:
+            raise bad("runtime.max_context", self.max_context,
+                      f"is not a multiple of runtime.block_size ({bs})")
+        check_int("runtime.prefill_chunk", self.prefill_chunk, lo=1)
+        check_bool("runtime.cuda_graphs", self.cuda_graphs)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Size of the one static KV tensor in bytes."""
+        return int(self.kv_pool_mb * 2**20)
+
+
+@dataclass(frozen=True)
+class CheckpointDefaults:
+    """Checkpointer defaults; every_steps=0 means checkpoint only on demand."""
+    mode: str
+    keep_epochs: int
+    every_steps: int
+    group_commit_ms: float
+
+    def __post_init__(self) -> None:
+        check_choice("checkpoint.mode", self.mode, CHECKPOINT_MODES)
+        check_int("checkpoint.keep_epochs", self.keep_epochs, lo=1)
+        check_int("checkpoint.every_steps", self.every_steps, lo=0)
+        set_field(self, "group_commit_ms",
+                  check_num("checkpoint.group_commit_ms", self.group_commit_ms, ge=0))
+
+
+_SECTIONS: dict[str, type] = {"gpu": GpuSpec, "storage": StorageSpec,
+                              "runtime": RuntimeDefaults, "checkpoint": CheckpointDefaults}
+
+
+def _check_keys(prefix: str, raw: Any, cls: type) -> None:
+    """Reject non-mappings, unknown keys and missing keys, naming the dotted key."""
+    where = prefix.rstrip(".") or "<top level>"
+    if not isinstance(raw, Mapping):
+        raise wrong_type(where, raw, "mapping")
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for k in raw:
+        if k not in allowed:
+            raise ValueError(f"{prefix}{k}: unknown key (allowed: {', '.join(allowed)})")
+    for k in allowed:
+        if k not in raw:
+            raise ValueError(f"{prefix}{k}: missing key (required: {', '.join(allowed)})")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device class: hardware facts plus the runtime and checkpoint defaults tuned for it."""
+    name: str
+    description: str
+    device: str
+    gpu: GpuSpec | None
+    storage: StorageSpec
+    runtime: RuntimeDefaults
+    engines: tuple[str, ...]  # in preference order
+    checkpoint: CheckpointDefaults
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(check_str("name", self.name)):
+            raise bad("name", self.name, "is not a path-safe name ([A-Za-z0-9][A-Za-z0-9._-]*)")
+        check_str("description", self.description)
+        check_choice("device", self.device, DEVICES)
+        for key, cls in _SECTIONS.items():
+            value = getattr(self, key)
+            if not isinstance(value, cls) and not (key == "gpu" and value is None):
+                raise wrong_type(key, value, cls.__name__ + (" or null" if key == "gpu" else ""))
+        if not isinstance(self.engines, (list, tuple)):
+            raise wrong_type("engines", self.engines, "list of str")
+        engines = tuple(check_choice(f"engines[{i}]", e, ENGINES)
+                        for i, e in enumerate(self.engines))
+        if not engines:
+            raise bad("engines", [], f"is empty (allowed: {', '.join(ENGINES)})")
+        dup = next((e for i, e in enumerate(engines) if e in engines[:i]), None)
+        if dup is not None:
+            raise bad("engines", list(engines), f"lists {dup!r} more than once")
+        set_field(self, "engines", engines)
+        self._check_consistency()
+
+    def _check_consistency(self) -> None:
+        cpu = self.device == "cpu"
+        if cpu and self.gpu is not None:
+            raise bad("gpu", dataclasses.asdict(self.gpu), "must be null when device is 'cpu'")
+        if not cpu and self.gpu is None:
+            raise bad("gpu", None, "must be a mapping when device is 'cuda'")
+        if cpu and self.runtime.cuda_graphs:
+            raise bad("runtime.cuda_graphs", True, "must be false when device is 'cpu'")
+        if cpu and "tensorrt" in self.engines:
+            raise bad("engines", list(self.engines),
+                      "includes 'tensorrt', which needs device 'cuda'")
+        # A pool bigger than device memory can never be allocated; fail at load, not at serve time.
+        if self.gpu is not None and self.runtime.kv_pool_mb / 1024 >= self.gpu.memory_gb:
+            raise bad("runtime.kv_pool_mb", self.runtime.kv_pool_mb,
+                      f"does not fit in gpu.memory_gb ({self.gpu.memory_gb:g})")
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<dict>") -> DeviceProfile:
+        """Build and validate a profile from a parsed-YAML dict; errors name `source`."""
+        try:
+            _check_keys("", d, cls)
+            parts: dict[str, Any] = {}
+            for key, sub in _SECTIONS.items():
+                if key == "gpu" and d[key] is None:
+                    parts[key] = None
+                    continue
+                _check_keys(key + ".", d[key], sub)
+                parts[key] = sub(**d[key])
+            return cls(name=d["name"], description=d["description"], device=d["device"],
+                       engines=d["engines"], **parts)
+        except ValueError as e:
+            raise ValueError(f"{e} (file {source})") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, not tuples) that `from_dict` accepts and `yaml.safe_dump` writes."""
+        d = dataclasses.asdict(self)
+        d["engines"] = list(self.engines)
+        d["runtime"]["batch_buckets"] = list(self.runtime.batch_buckets)
+        return d
+
+    def replace_runtime(self, **kw: Any) -> DeviceProfile:
+        """A copy with some runtime fields overridden, validated like a loaded profile."""
+        allowed = [f.name for f in dataclasses.fields(RuntimeDefaults)]
+        for k in kw:
+            if k not in allowed:
+                raise ValueError(f"runtime.{k}: unknown key (allowed: {', '.join(allowed)})")
+        return dataclasses.replace(self, runtime=dataclasses.replace(self.runtime, **kw))
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped in this package, sorted."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def _looks_like_path(s: str) -> bool:
+    return "/" in s or os.sep in s or s.endswith((".yaml", ".yml"))
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> DeviceProfile:
+    """Load a shipped profile by bare name (e.g. 'x86-cpu'), or any profile YAML by path."""
+    if isinstance(name_or_path, os.PathLike) or _looks_like_path(str(name_or_path)):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"device profile file not found: {str(path)!r}")
+    elif isinstance(name_or_path, str):
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+        if not name_or_path or not path.is_file():
+            raise ValueError(f"unknown device profile {name_or_path!r} "
+                             f"(available: {', '.join(list_profiles())})")
+    else:
+        raise wrong_type("profile", name_or_path, "profile name or path")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"invalid YAML in device profile (file {path}): {e}") from None
+    profile = DeviceProfile.from_dict(raw, source=str(path))
+    # The stem is the lookup key; a mismatch would load a different profile than the one named.
+    if profile.name != path.stem:
+        raise ValueError(f"name: {profile.name!r} does not equal the file stem {path.stem!r} "
+                         f"(file {path})")
+    return profile

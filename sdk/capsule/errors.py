@@ -1,0 +1,38 @@
+"""Typed errors. Every message says what to fix; bad arguments raise plain ``ValueError``."""
+from __future__ import annotations
+
+
+class CapsuleError(Exception):
+    """Base class of every error the SDK raises on purpose (besides ``ValueError``)."""
+
+
+class ModelLoadError(CapsuleError):
+    """A model source could not be loaded (missing file, bad checkpoint, unknown preset)."""
+
+
+class UnsupportedArchitecture(ModelLoadError):
+    """The checkpoint's architecture or one of its settings is not implemented."""
+
+
+class TokenizerError(CapsuleError):
+    """A tokenizer could not be found or loaded."""
+
+
+class VocabMismatch(CapsuleError):
+    """The model's vocabulary cannot hold every id the tokenizer emits."""
+
+
+class StoreError(CapsuleError):
+    """The capsule store path is unusable (a regular file, no permission, ...)."""
+
+
+class CapacityError(CapsuleError):
+    """The KV pool, a stream or a batch ran out of room; the message names the limit."""
+
+
+class CapsuleMismatch(CapsuleError):
+    """A capsule was taken against another model, tokenizer or buffer layout."""
+
+
+class CapsuleCorrupt(CapsuleError):
+    """No valid epoch could be read from a store that holds data."""

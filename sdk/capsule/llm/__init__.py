@@ -1,0 +1,10 @@
+"""Decoder runtime: Llama/Qwen2 decoder, paged KV pool, graph runner, sampler, loader."""
+from .config import ModelConfig, RopeConfig
+from .kv_pool import BlockTable, KVPool
+from .loader import ModelInfo, load_model
+from .model import Decoder
+from .runner import DecodeRow, GraphRunner
+from .sampler import SamplingParams, make_generator, sample_rows
+
+__all__ = ["ModelConfig", "RopeConfig", "BlockTable", "KVPool", "ModelInfo", "load_model", "Decoder",
+           "DecodeRow", "GraphRunner", "SamplingParams", "make_generator", "sample_rows"]

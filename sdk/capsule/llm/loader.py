@@ -1,0 +1,109 @@
+"""`load_model`: a local Hugging Face checkpoint folder or a `builtin:<preset>`."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelLoadError
+from .config import ModelConfig
+from .model import Decoder
+from .presets import DEFAULT_SEED, cache_dir, materialize, preset_config
+from .safetensors_mmap import read_safetensors
+
+DEFAULT_BUILTIN_VOCAB = 100277  # cl100k_base, the default tokenizer of builtin models
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Where a model came from and what identifies its weights."""
+
+    source: str
+    weights_digest: str          # sha256: binds capsules to these exact weights
+    tokenizer_path: str | None   # the folder's tokenizer.json, when it has one
+    untrained: bool
+
+
+def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
+               seed: int = DEFAULT_SEED) -> tuple[Decoder, ModelInfo]:
+    """Load a decoder. `vocab_size` and `seed` apply to builtin presets only.
+
+    Raises ModelLoadError (missing files, unknown preset, bad tensors) or
+    UnsupportedArchitecture (another architecture, sliding window, YaRN, ...).
+    """
+    src = str(source)
+    if src.startswith("builtin:"):
+        name = src.split(":", 1)[1]
+        vocab = DEFAULT_BUILTIN_VOCAB if vocab_size is None else int(vocab_size)
+        cfg = preset_config(name, vocab)
+        path = materialize(name, vocab, seed)
+        weights = read_safetensors(path)
+        digest = hashlib.sha256(f"builtin:{name}:v{vocab}:s{seed}:{cfg.fingerprint()}".encode()).hexdigest()
+        info = ModelInfo(src, digest, None, untrained=True)
+    else:
+        folder = Path(src)
+        cfg, files = _inspect_folder(folder)
+        weights = {}
+        for f in files:
+            weights.update(read_safetensors(f))
+        tok = folder / "tokenizer.json"
+        info = ModelInfo(str(folder.resolve()), weights_digest(files),
+                         str(tok) if tok.is_file() else None, untrained=False)
+    weights = {n: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+               for n, t in weights.items()}
+    return Decoder(cfg, weights), info
+
+
+def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
+    if not folder.is_dir():
+        raise ModelLoadError(f"model source {str(folder)!r} is neither a folder nor 'builtin:<preset>' "
+                             "(give a Hugging Face checkpoint folder with config.json and *.safetensors)")
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
+    try:
+        cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError) as exc:
+            raise ModelLoadError(f"{index} is malformed: {exc}") from None
+        files = [folder / s for s in shards]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if not files or missing:
+        raise ModelLoadError(f"{folder} has no weights: missing {missing or '*.safetensors'} "
+                             "(only safetensors checkpoints are supported, not .bin)")
+    return cfg, files
+
+
+def weights_digest(files: list[Path]) -> str:
+    """sha256 over the weight files, cached by (path, size, mtime, inode) so opens stay fast."""
+    stats = [(str(f.resolve()), *(lambda s: (s.st_size, s.st_mtime_ns, s.st_ino))(f.stat())) for f in files]
+    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
+    memo = cache_dir() / "digests" / key
+    if memo.is_file():
+        cached = memo.read_text().strip()
+        if len(cached) == 64:
+            return cached
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        memo.write_text(digest)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return digest

@@ -1,0 +1,152 @@
+"""A Llama / Qwen2-architecture decoder over the paged KV pool.
+
+Weights keep their Hugging Face names, so a checkpoint's state dict is used as is.
+The model holds no cache of its own: K/V live in the pool passed to `forward`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelLoadError
+from .config import ModelConfig
+from .paged_attention import paged_attention, write_kv
+from .rope import apply_rope, rope_tables
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint must provide, by Hugging Face name."""
+    D, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q_out, kv_out = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, D),
+                                          "model.norm.weight": (D,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
+            p + "self_attn.q_proj.weight": (q_out, D), p + "self_attn.k_proj.weight": (kv_out, D),
+            p + "self_attn.v_proj.weight": (kv_out, D), p + "self_attn.o_proj.weight": (D, q_out),
+            p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
+            p + "mlp.down_proj.weight": (D, I),
+        })
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
+                           p + "self_attn.v_proj.bias": (kv_out,)})
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (D,)
+    return shapes
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # normalize in fp32 and cast back, as transformers' LlamaRMSNorm does
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class Decoder(nn.Module):
+    """Decoder-only transformer. `forward` writes the new tokens' K/V into the pool, then attends."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        want = expected_shapes(cfg)
+        missing = [n for n in want if n not in weights]
+        if missing:
+            raise ModelLoadError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+        for name, shape in want.items():
+            if tuple(weights[name].shape) != shape:
+                raise ModelLoadError(f"tensor {name} has shape {tuple(weights[name].shape)}, "
+                                     f"config.json implies {shape}")
+        # flat parameter dict keyed by HF name ('.' is not allowed in module names)
+        self.w = nn.ParameterDict({n.replace(".", "/"): nn.Parameter(weights[n], requires_grad=False)
+                                   for n in want})
+        # per-layer tensors resolved once: the step loop does no name lookups
+        self.layers = [_LayerWeights.of(self, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+        self.scale = cfg.head_dim ** -0.5
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def p(self, name: str) -> torch.Tensor:
+        return self.w[name.replace(".", "/")]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.p("model.norm.weight").dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.p("model.norm.weight").device
+
+    def prepare_rope(self, n_positions: int) -> None:
+        """Build cos/sin tables for positions < n_positions once (outside any captured graph)."""
+        if self.rope_cos.shape[0] >= n_positions:
+            return
+        cos, sin = rope_tables(self.cfg.rope, self.cfg.head_dim, n_positions, self.device)
+        self.rope_cos, self.rope_sin = cos, sin
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
+        return F.linear(h, w)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                block_tables: torch.Tensor, kv_pool: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: (B, T); slot_mapping: (B*T,); block_tables: (B, nb);
+        kv_pool: (L, 2, NB, bs, KV, hd). Returns the final normed hidden states (B, T, D)."""
+        cfg = self.cfg
+        B, T = input_ids.shape
+        H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        flat_pos = positions.reshape(-1)
+        cos, sin = self.rope_cos[flat_pos], self.rope_sin[flat_pos]           # (N, hd)
+        x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
+        for i, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
+            q = F.linear(h, lw.q, lw.q_bias)
+            k = F.linear(h, lw.k, lw.k_bias)
+            v = F.linear(h, lw.v, lw.v_bias)
+            q = apply_rope(q.view(B * T, H, hd), cos, sin)                     # (N, H, hd)
+            k = apply_rope(k.view(B * T, KV, hd), cos, sin)                    # (N, KV, hd)
+            write_kv(kv_pool[i, 0], kv_pool[i, 1], slot_mapping, k, v.view(B * T, KV, hd))
+            att = paged_attention(q.view(B, T, H, hd), kv_pool[i, 0], kv_pool[i, 1],
+                                  block_tables, positions, self.scale)         # (B, T, H, hd)
+            x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
+            h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            x = x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)
+        return rms_norm(x, self.p("model.norm.weight"), cfg.rms_norm_eps)
+
+
+
+class _LayerWeights(NamedTuple):
+    in_norm: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+    @classmethod
+    def of(cls, model: "Decoder", p: str) -> "_LayerWeights":
+        bias = model.cfg.qkv_bias
+        return cls(
+            model.p(p + "input_layernorm.weight"), model.p(p + "self_attn.q_proj.weight"),
+            model.p(p + "self_attn.k_proj.weight"), model.p(p + "self_attn.v_proj.weight"),
+            model.p(p + "self_attn.q_proj.bias") if bias else None,
+            model.p(p + "self_attn.k_proj.bias") if bias else None,
+            model.p(p + "self_attn.v_proj.bias") if bias else None,
+            model.p(p + "self_attn.o_proj.weight"),
+            model.p(p + "self_attn.o_proj.bias") if model.cfg.o_bias else None,
+            model.p(p + "post_attention_layernorm.weight"),
+            model.p(p + "mlp.gate_proj.weight"), model.p(p + "mlp.up_proj.weight"),
+            model.p(p + "mlp.down_proj.weight"))

@@ -1,0 +1,58 @@
+"""Attention that reads keys and values through block tables from the paged KV pool.
+
+The pool is one static tensor (see kv_pool.py); a stream's tokens live in the blocks its
+block table lists, in order. Everything here is shape-static given (B, T, n_blocks), so the
+same code is captured into a CUDA graph on GPU and runs eagerly on CPU.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """Scatter new keys/values into their slots (slot = block * block_size + offset).
+
+    k_cache, v_cache: (NB, bs, KV, hd) views of one layer; k, v: (N, KV, hd); slot_mapping: (N,).
+    Padded batch rows point at slots of the reserved scratch block 0.
+    """
+    n_slots = k_cache.shape[0] * k_cache.shape[1]
+    k_cache.view(n_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(n_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of queries over their stream's cached keys.
+
+    q: (B, T, H, hd) queries of B streams, T tokens each, at `positions` (B, T);
+    block_tables: (B, nb) block ids; key slot s of stream b is position s.
+    A query at position p sees keys at positions <= p (its own key is already written).
+    Returns (B, T, H, hd).
+    """
+    B, T, H, hd = q.shape
+    _, bs, KV, _ = k_cache.shape
+    G = H // KV
+    S = block_tables.shape[1] * bs
+    k = k_cache[block_tables].view(B, S, KV, hd).transpose(1, 2)    # (B, KV, S, hd)
+    v = v_cache[block_tables].view(B, S, KV, hd).transpose(1, 2)
+    # group query heads by their kv head so no K/V copy is needed for GQA
+    q = q.view(B, T, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, T * G, hd)
+    key_pos = torch.arange(S, device=q.device)
+    allowed = key_pos.view(1, 1, S) <= positions.view(B, T, 1)         # (B, T, S)
+    allowed = allowed.unsqueeze(2).expand(B, T, G, S).reshape(B, 1, T * G, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    return out.view(B, KV, T, G, hd).permute(0, 2, 1, 3, 4).reshape(B, T, H, hd)
+
+
+def contiguous_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference causal attention over contiguous K/V (T, KV, hd) for one stream; q (T, H, hd)."""
+    T, H, hd = q.shape
+    G = H // k.shape[1]
+    k = k.repeat_interleave(G, dim=1).transpose(0, 1)                 # (H, T, hd)
+    v = v.repeat_interleave(G, dim=1).transpose(0, 1)
+    scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * scale          # (H, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1)                   # (T, H, hd)

@@ -1,0 +1,170 @@
+"""Graph runner: static decode buffers, one CUDA graph per batch bucket, chunked eager prefill.
+
+All decode inputs live in buffers allocated once and registered in the region registry; a
+step copies the batch into them and replays the bucket's graph (CUDA) or calls the same
+code eagerly over the same buffers (CPU). Nothing in `decode` allocates device memory on
+the graph path, and nothing reads a device value back to the host except the sampler.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..state.regions import RegionRegistry
+from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool
+from .model import Decoder
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One stream's next decode input: the token at `position`, written to `slot`."""
+
+    token_id: int
+    position: int
+    slot: int
+    blocks: Sequence[int]
+
+
+class GraphRunner:
+    """Owns the static buffers and the per-bucket graphs of one decoder + KV pool."""
+
+    def __init__(self, model: Decoder, pool: KVPool, registry: RegionRegistry, *,
+                 buckets: Sequence[int], max_context: int, prefill_chunk: int,
+                 use_cuda_graphs: bool):
+        if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
+            raise ValueError(f"batch buckets must be strictly increasing ints >= 1, got {list(buckets)}")
+        if max_context % pool.block_size:
+            raise ValueError(f"max_context ({max_context}) must be a multiple of block_size "
+                             f"({pool.block_size})")
+        self.model, self.pool = model, pool
+        self.buckets = tuple(buckets)
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.max_blocks = max_context // pool.block_size
+        dev = pool.tensor.device
+        B, V = self.buckets[-1], model.cfg.vocab_size
+        model.prepare_rope(max_context)
+        self.input_ids = torch.zeros(B, 1, dtype=torch.long, device=dev)               # (B, 1)
+        self.positions = torch.zeros(B, 1, dtype=torch.long, device=dev)               # (B, 1)
+        self.slot_mapping = torch.zeros(B, dtype=torch.long, device=dev)               # (B,)
+        self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
+                                       device=dev)                                     # (B, nb)
+        self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
+        self.temperature = torch.zeros(B, dtype=torch.float32, device=dev)            # (B,)
+        self.top_p = torch.ones(B, dtype=torch.float32, device=dev)                   # (B,)
+        # a "kv" region's page i is block i of every layer (tensor[:, :, i]), so the
+        # checkpointer's dirty set is a set of block ids taken from the block tables
+        registry.register("kv_pool", pool.tensor, "kv", page_bytes=pool.block_bytes)
+        for name, buf, role in (("decode.input_ids", self.input_ids, "input"),
+                                ("decode.positions", self.positions, "input"),
+                                ("decode.slot_mapping", self.slot_mapping, "input"),
+                                ("decode.block_tables", self.block_tables, "input"),
+                                ("decode.logits", self.logits, "output"),
+                                ("sampling.temperature", self.temperature, "sampling"),
+                                ("sampling.top_p", self.top_p, "sampling")):
+            registry.register(name, buf, role)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.capture_seconds: dict[int, float] = {}
+        if use_cuda_graphs:
+            self._capture_all()
+
+    @property
+    def uses_graphs(self) -> bool:
+        return bool(self.graphs)
+
+    def bucket_for(self, n: int) -> int:
+        """Smallest bucket that holds n rows."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} streams exceeds the largest bucket {self.buckets[-1]}; "
+                         f"decode at most {self.buckets[-1]} streams together")
+
+    # -- decode ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, rows: Sequence[DecodeRow]) -> torch.Tensor:
+        """One decode step for len(rows) streams. Returns logits (n, V), a view of the static buffer."""
+        n = len(rows)
+        b = self.bucket_for(n)
+        self._load_rows(rows, b)
+        graph = self.graphs.get(b)
+        if graph is not None:
+            graph.replay()
+        else:
+            # eager: attend only over the blocks in use (same result, less work on CPU)
+            longest = max(r.position for r in rows) + 1
+            self._decode_body(b, -(-longest // self.pool.block_size))
+        return self.logits[:n]
+
+    def _load_rows(self, rows: Sequence[DecodeRow], b: int) -> None:
+        n = len(rows)
+        ids = [r.token_id for r in rows] + [0] * (b - n)
+        pos = [r.position for r in rows] + [0] * (b - n)
+        slots = [r.slot for r in rows] + [SCRATCH_BLOCK * self.pool.block_size] * (b - n)
+        table = torch.full((b, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long)
+        for i, r in enumerate(rows):
+            if len(r.blocks) > self.max_blocks:
+                raise ValueError(f"stream needs {len(r.blocks)} blocks, max_context allows {self.max_blocks}")
+            table[i, :len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.long)
+        # copy_ into the static buffers: their storage (and the graphs' addresses) never change
+        self.input_ids[:b, 0].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
+        self.positions[:b, 0].copy_(torch.tensor(pos, dtype=torch.long), non_blocking=True)
+        self.slot_mapping[:b].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
+        self.block_tables[:b].copy_(table, non_blocking=True)
+
+    def _decode_body(self, b: int, n_blocks: int | None = None) -> None:
+        nb = self.max_blocks if n_blocks is None else n_blocks
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
+                            self.block_tables[:b, :nb], self.pool.tensor)       # (b, 1, D)
+        self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        # largest bucket first so the smaller graphs fit inside its memory pool
+        mem_pool = None
+        for b in sorted(self.buckets, reverse=True):
+            t0 = time.perf_counter()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: lazy inits must not happen during capture
+                    self._decode_body(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=mem_pool):
+                self._decode_body(b)
+            torch.cuda.synchronize()
+            mem_pool = graph.pool()
+            self.graphs[b] = graph
+            self.capture_seconds[b] = time.perf_counter() - t0
+
+    # -- prefill --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int], table: BlockTable) -> torch.Tensor:
+        """Write K/V for `token_ids` at positions table.num_cached.. and return the last logits (V,).
+
+        Chunked and eager: prompts vary in length, so they are not worth a graph each.
+        """
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        start = table.num_cached
+        end = start + len(token_ids)
+        if end > self.max_context:
+            raise ValueError(f"stream would hold {end} tokens; max_context is {self.max_context}")
+        table.ensure_capacity(end)
+        dev = self.pool.tensor.device
+        hidden = None
+        for c0 in range(start, end, self.prefill_chunk):
+            c1 = min(c0 + self.prefill_chunk, end)
+            ids = torch.tensor(token_ids[c0 - start:c1 - start], dtype=torch.long, device=dev)
+            pos = torch.arange(c0, c1, dtype=torch.long, device=dev)
+            slots = torch.tensor(table.slots(c0, c1), dtype=torch.long, device=dev)
+            nb = -(-c1 // self.pool.block_size)
+            blocks = torch.tensor(table.blocks[:nb], dtype=torch.long, device=dev)
+            hidden = self.model(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
+                                self.pool.tensor)                                   # (1, C, D)
+            table.num_cached = c1
+        return self.model.lm_head(hidden[0, -1])
