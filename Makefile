@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine with Python 3.10+ and pip:
+#   make demo    # creates .venv (or reuses it), installs, runs `capsule demo`
+#   make test    # same set-up, runs the test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench gpu-check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# reinstall only when the dependency list changed; an existing venv is reused as is
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -c "import capsule, torch, transformers" 
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/capsule demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/capsule bench --suite decode
+
+gpu-check: $(STAMP)
+	bash packaging/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info sdk/*.egg-info bench-results

@@ -1,0 +1,16 @@
+"""capsule: execution-state capsules for edge robots.
+
+Quick use::
+
+    from capsule import Session
+    with Session.open("robot.capsules", model="builtin:tiny") as s:
+        s.append("user: bring me the red cup\\n")
+        print(s.generate(16))
+"""
+from ._version import __version__
+from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatch, ModelLoadError,
+                     StoreError, TokenizerError, UnsupportedArchitecture, VocabMismatch)
+from .session import Session
+
+__all__ = ["__version__", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
+           "ModelLoadError", "StoreError", "TokenizerError", "UnsupportedArchitecture", "VocabMismatch"]
