@@ -35,7 +35,7 @@ def test_bucket_selection(tiny):
 def test_registry_lists_every_static_buffer(tiny):
     runner, pool, reg = _make(tiny)
     assert reg.names() == ["kv_pool", "decode.input_ids", "decode.positions", "decode.slot_mapping",
-                           "decode.block_tables", "decode.logits", "sampling.temperature", "sampling.top_p"]
+                           "decode.block_tables", "decode.logits"]
     assert reg["kv_pool"].tensor is pool.tensor and reg["kv_pool"].role == "kv"
     assert reg["kv_pool"].page_bytes == pool.block_bytes
     layout = reg.layout()

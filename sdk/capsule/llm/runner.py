@@ -4,6 +4,8 @@ All decode inputs live in buffers allocated once and registered in the region re
 step copies the batch into them and replays the bucket's graph (CUDA) or calls the same
 code eagerly over the same buffers (CPU). Nothing in `decode` allocates device memory on
 the graph path, and nothing reads a device value back to the host except the sampler.
+Sampling runs after the graph, on the host-visible logits, with each stream's own
+torch.Generator (host state of the stream, not a static buffer).
 """
 from __future__ import annotations
 
@@ -53,8 +55,6 @@ class GraphRunner:
         self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
                                        device=dev)                                     # (B, nb)
         self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
-        self.temperature = torch.zeros(B, dtype=torch.float32, device=dev)            # (B,)
-        self.top_p = torch.ones(B, dtype=torch.float32, device=dev)                   # (B,)
         # a "kv" region's page i is block i of every layer (tensor[:, :, i]), so the
         # checkpointer's dirty set is a set of block ids taken from the block tables
         registry.register("kv_pool", pool.tensor, "kv", page_bytes=pool.block_bytes)
@@ -62,9 +62,7 @@ class GraphRunner:
                                 ("decode.positions", self.positions, "input"),
                                 ("decode.slot_mapping", self.slot_mapping, "input"),
                                 ("decode.block_tables", self.block_tables, "input"),
-                                ("decode.logits", self.logits, "output"),
-                                ("sampling.temperature", self.temperature, "sampling"),
-                                ("sampling.top_p", self.top_p, "sampling")):
+                                ("decode.logits", self.logits, "output")):
             registry.register(name, buf, role)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_seconds: dict[int, float] = {}

