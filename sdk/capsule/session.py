@@ -11,32 +11,34 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import torch
-
 import devices
 
-from .errors import StoreError, TokenizerError, VocabMismatch
-from .llm import GraphRunner, KVPool, SamplingParams, load_model
+from . import assembly
+from .errors import StoreError
+from .llm import SamplingParams
 from .llm.engine import Engine
+from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
-from .tokenize import ReferenceTokenizer, load_reference
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DEFAULT_BUILTIN_TOKENIZER = "cl100k_base"
+from .tokenize import load_reference
 
 
 class Session:
-    """An LLM (and later a policy) with its execution state, bound to a store folder."""
+    """An LLM (and later a policy) with its execution state, bound to a capsule store."""
 
-    def __init__(self, path: Path, profile: devices.DeviceProfile, engine: Engine | None,
-                 registry: RegionRegistry, tokenizer: ReferenceTokenizer | None, model_info: Any):
+    def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
+                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer, keep_epochs: int):
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
-        self.tokenizer = tokenizer
-        self.model_info = model_info
-        self.restored_epoch: int | None = None  # capsules arrive with the checkpoint issue
-        self._engine = engine
+        self.tokenizer = llm.tokenizer if llm else None
+        self.model_info = llm.info if llm else None
+        self.restored_epoch: int | None = None
+        self.restore_report: list[str] = []   # epochs skipped as damaged by the last restore
+        self._llm_parts = llm
+        self._engine: Engine | None = llm.engine if llm else None
+        self._store = store
+        self._ckpt = checkpointer
+        self._keep = keep_epochs
         self._state: dict = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -45,45 +47,109 @@ class Session:
     @classmethod
     def open(cls, path: str | os.PathLike, *, model: str | os.PathLike | None = "builtin:tiny",
              tokenizer: str | os.PathLike | None = None, policy: str | None = None,
-             device: str = "auto", runtime: Mapping[str, Any] | None = None) -> "Session":
-        """Open (creating if missing) the store at `path` and load the model onto `device`.
+             device: str = "auto", runtime: Mapping[str, Any] | None = None, restore: bool = True,
+             keep_epochs: int | None = None, sign_key: bytes | None = None) -> "Session":
+        """Open (creating if missing) the store at `path`, load the model, restore the newest capsule.
 
         device: "auto", "cpu", "cuda", or a profile name / YAML path from devices/.
         runtime: overrides of the profile's runtime defaults, e.g. {"kv_pool_mb": 16}.
-        Nothing is created on disk unless everything loads.
+        restore: restore the newest committed, fully valid epoch (``restored_epoch`` says which).
+        keep_epochs: epochs retained in the store (default: the profile's checkpoint.keep_epochs).
+        Nothing is created on disk unless the model and tokenizer load.
         """
         if policy is not None:
             raise NotImplementedError("policies are not implemented yet (see the policy-engines issue); "
                                       "open with policy=None")
-        store = Path(path)
-        if store.exists() and not store.is_dir():
-            raise StoreError(f"store path {str(store)!r} is a regular file; give a folder path "
+        store_path = Path(path)
+        if store_path.exists() and not store_path.is_dir():
+            raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
                              "(it is created if missing)")
         profile = devices.detect_profile(device)
         if runtime:
             profile = profile.replace_runtime(**dict(runtime))
+        keep = profile.checkpoint.keep_epochs if keep_epochs is None else keep_epochs
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")
         registry = RegionRegistry()
-        engine, tok, info = None, None, None
-        if model is not None:
-            engine, tok, info = _build_engine(model, tokenizer, profile, registry)
-        elif tokenizer is not None:
-            tok = load_reference(tokenizer)
+        llm = assembly.build_llm(model, tokenizer, profile, registry) if model is not None else None
+        if llm is None and tokenizer is not None:
+            load_reference(tokenizer)  # fail early on a bad name even without a model
+        binding = assembly.binding_of(llm, profile, registry)
+        store = assembly.open_store(store_path, sign_key)
         try:
-            store.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create store folder {str(store)!r}: {exc.strerror}") from None
-        return cls(store, profile, engine, registry, tok, info)
+            session = cls(store_path, profile, llm, registry, store,
+                          assembly.build_checkpointer(store, llm, binding, registry), keep)
+            if restore:
+                session._restore(None)
+        except BaseException:
+            store.close()
+            raise
+        return session
 
     def close(self) -> None:
+        """Wait for pending background checkpoints, then release the store. Raises a write failure."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            self._engine = None
+            try:
+                self._ckpt.close()
+            finally:
+                self._store.close()
+                self._engine = None
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- capsules ---------------------------------------------------------------------------
+    def checkpoint(self, *, wait: bool = True, name: str | None = None) -> int:
+        """Take a capsule of everything that decides the next output; returns its epoch.
+
+        wait=True: durable when this returns. wait=False: only stages the dirty pages (host copies)
+        and returns; a background writer makes it durable (see flush). A write failure is raised
+        by the next checkpoint / flush / close.
+        """
+        with self._lock:
+            self._check_open()
+            host = assembly.host_state(self._llm_parts, self._state)
+            epoch = self._ckpt.checkpoint(host, wait=wait, name=name)
+            if wait:
+                self._store.retain(self._keep)
+            return epoch
+
+    def flush(self) -> None:
+        """Block until every checkpoint(wait=False) so far is durable."""
+        with self._lock:
+            self._check_open()
+            self._ckpt.flush()
+            self._store.retain(self._keep)
+
+    def rollback(self, epoch_or_name: int | str) -> int:
+        """Restore an epoch in place (same buffers, no re-capture); returns the epoch."""
+        with self._lock:
+            self._check_open()
+            return self._restore(epoch_or_name)
+
+    def epochs(self) -> list:
+        """Committed epochs, oldest first (id, name, created, bytes_written, n_pages, meta)."""
+        with self._lock:
+            self._check_open()
+            return self._store.epochs()
+
+    def _restore(self, epoch_or_name: int | str | None) -> int | None:
+        loader = assembly.host_loader(self._llm_parts, self._set_state)
+        if epoch_or_name is None:
+            restored = self._ckpt.restore_newest(loader)
+        else:
+            restored = self._ckpt.restore(epoch_or_name, loader)
+        if restored is None:
+            return None
+        self.restored_epoch = restored.epoch
+        self.restore_report = restored.skipped
+        return restored.epoch
 
     # -- text -------------------------------------------------------------------------------
     def append(self, text: str, stream: str = "main") -> None:
@@ -137,6 +203,9 @@ class Session:
 
     @state.setter
     def state(self, value: Mapping[str, Any]) -> None:
+        self._set_state(value)
+
+    def _set_state(self, value: Mapping[str, Any]) -> None:
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -144,34 +213,12 @@ class Session:
         self._state = dict(value)
 
     # -- internals --------------------------------------------------------------------------
-    def _llm(self) -> Engine:
+    def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this Session is closed; open a new one")
+
+    def _llm(self) -> Engine:
+        self._check_open()
         if self._engine is None:
             raise ValueError("this Session has no model (opened with model=None)")
         return self._engine
-
-
-def _build_engine(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
-                  profile: devices.DeviceProfile, registry: RegionRegistry):
-    rt = profile.runtime
-    source = str(model)
-    if tokenizer is None:
-        if source.startswith("builtin:"):
-            tokenizer = DEFAULT_BUILTIN_TOKENIZER
-        elif (Path(source) / "tokenizer.json").is_file():
-            tokenizer = Path(source) / "tokenizer.json"
-        else:
-            raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
-                                 "'qwen2.5' or a tokenizer.json / .tiktoken path)")
-    tok = load_reference(tokenizer)
-    dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
-    decoder, info = load_model(source, device=dev, dtype=_DTYPES[rt.dtype], vocab_size=tok.vocab_size)
-    if decoder.cfg.vocab_size <= tok.max_id:
-        raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
-                            f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")
-    pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
-                  dtype=decoder.dtype, device=dev)
-    runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
-                         prefill_chunk=rt.prefill_chunk, use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda")
-    return Engine(runner, pool, tok), tok, info

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..tokenize import ReferenceTokenizer
@@ -137,3 +138,49 @@ def _cut_at_stop(text: str, stop: Sequence[str], tokenizer: ReferenceTokenizer, 
             if text.endswith(tail):
                 return text[: len(text) - len(tail)]
     return text
+
+
+# -- execution state (what a capsule carries for the engine) ------------------------------------
+def export_streams(engine: Engine) -> tuple[list[dict], dict[str, bytes]]:
+    """Stream metadata (small, JSON) and the per-stream blobs (ids, text, blocks, RNG state)."""
+    meta, blobs = [], {}
+    for s in engine.streams.values():
+        gen = s.generator
+        meta.append({"name": s.name, "num_cached": s.table.num_cached, "n_ids": len(s.ids),
+                     "generator_device": None if gen is None else str(gen.device)})
+        blobs[f"ids/{s.name}"] = np.asarray(s.ids, dtype="<i4").tobytes()
+        blobs[f"blocks/{s.name}"] = np.asarray(s.table.blocks, dtype="<i4").tobytes()
+        blobs[f"text/{s.name}"] = s.text.encode("utf-8", "surrogatepass")
+        if gen is not None:
+            blobs[f"rng/{s.name}"] = gen.get_state().numpy().tobytes()
+    return meta, blobs
+
+
+def import_streams(engine: Engine, meta: list[dict], blobs: dict[str, bytes]) -> Callable[[], None]:
+    """Parse saved streams (raising ValueError on anything inconsistent, changing nothing) and
+    return the step that installs them and rebuilds the pool's free list to match."""
+    streams: dict[str, Stream] = {}
+    used: set[int] = set()
+    for m in meta:
+        name = m["name"]
+        table = BlockTable(engine.pool)
+        table.blocks = np.frombuffer(blobs[f"blocks/{name}"], dtype="<i4").tolist()
+        table.num_cached = int(m["num_cached"])
+        ids = np.frombuffer(blobs[f"ids/{name}"], dtype="<i4").tolist()
+        if len(ids) != m["n_ids"] or table.num_cached > len(ids) or \
+                len(table.blocks) * engine.pool.block_size < table.num_cached:
+            raise ValueError(f"stream {name!r}: saved ids, blocks and cache length disagree")
+        if any(not 0 < b < engine.pool.num_blocks for b in table.blocks) or used & set(table.blocks):
+            raise ValueError(f"stream {name!r}: saved block table is outside the pool or shared")
+        used.update(table.blocks)
+        gen = None
+        if m.get("generator_device") is not None:
+            gen = torch.Generator(device=m["generator_device"])
+            gen.set_state(torch.frombuffer(bytearray(blobs[f"rng/{name}"]), dtype=torch.uint8))
+        text = blobs[f"text/{name}"].decode("utf-8", "surrogatepass")
+        streams[name] = Stream(name, table, text, ids, gen)
+
+    def install() -> None:
+        engine.streams = streams
+        engine.pool.reset_allocation(used)
+    return install

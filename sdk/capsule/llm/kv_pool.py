@@ -35,6 +35,9 @@ class KVPool:
         self.tensor = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
                                   cfg.head_dim, dtype=dtype, device=device)
         self._free = list(range(1, num_blocks))  # a heap: lowest id first, so runs are reproducible
+        # blocks written since the last checkpoint: KV is append-only per stream, so the
+        # checkpointer learns the delta from here instead of scanning the pool
+        self.dirty: set[int] = set()
 
     @property
     def free_blocks(self) -> int:
@@ -83,6 +86,7 @@ class BlockTable:
             del self.blocks[keep:]
 
     def slots(self, start: int, end: int) -> list[int]:
-        """Slot ids of positions start..end-1 (capacity must already cover them)."""
+        """Slot ids of positions start..end-1, which the caller is about to write (marks them dirty)."""
         bs = self.pool.block_size
+        self.pool.dirty.update(self.blocks[start // bs: -(-end // bs)])
         return [self.blocks[p // bs] * bs + p % bs for p in range(start, end)]

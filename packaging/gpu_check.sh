@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# GPU check for a machine with a CUDA GPU, in under 5 minutes: the CUDA-marked tests, the decode
+# bench (capture seconds per bucket, step latency with graphs on and off) and `capsule doctor`.
+# Usage: packaging/gpu_check.sh   (from anywhere; OUT=dir to choose where the bench writes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=.venv/bin/python
+if [[ ! -x $PY ]]; then
+  echo "== creating .venv and installing the package (as make would)"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+fi
+# a checkout that is not installed yet still imports capsule, devices and edge_kernels from here
+export PYTHONPATH=".:sdk${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -x .venv/bin/capsule ]]; then CAPSULE=(.venv/bin/capsule); else CAPSULE=("$PY" -m capsule.cli); fi
+
+"$PY" - <<'PYEOF'
+import sys
+import torch
+if not torch.cuda.is_available():
+    sys.exit(f"no CUDA GPU visible to torch {torch.__version__} (CUDA build: {torch.version.cuda}); "
+             "this check needs one")
+print(f"GPU {torch.cuda.get_device_name(0)} | torch {torch.__version__} | CUDA {torch.version.cuda}")
+PYEOF
+
+echo "== pytest -m cuda"
+rc=0
+timeout 120 "$PY" -m pytest -m cuda -q || rc=$?
+if [[ $rc -eq 5 ]]; then
+  echo "(no tests are marked cuda yet)"
+elif [[ $rc -ne 0 ]]; then
+  echo "pytest -m cuda failed (exit $rc)" >&2
+  exit "$rc"
+fi
+
+echo "== capsule bench --suite decode --quick  (graph capture per bucket; step latency graphs on vs off)"
+timeout 100 "${CAPSULE[@]}" bench --suite decode --quick --out "${OUT:-bench-results}/gpu-check-decode-$(date +%Y%m%d-%H%M%S)"
+
+echo "== capsule doctor"
+timeout 60 "${CAPSULE[@]}" doctor

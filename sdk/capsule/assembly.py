@@ -1,0 +1,106 @@
+"""Assembly: build a session's parts (model, pool, runner, engine, checkpointer) from arguments.
+
+Kept apart from session.py so the Session class reads as its public API only.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import devices
+
+from .errors import TokenizerError, VocabMismatch
+from .llm import GraphRunner, KVPool, ModelInfo, load_model
+from .llm.engine import Engine, export_streams, import_streams
+from .state.binding import Binding
+from .state.checkpointer import Checkpointer
+from .state.regions import RegionRegistry
+from .state.snapshot import Snapshotter
+from .store import Store
+from .tokenize import ReferenceTokenizer, load_reference
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_BUILTIN_TOKENIZER = "cl100k_base"
+
+
+@dataclass
+class LLMParts:
+    engine: Engine
+    tokenizer: ReferenceTokenizer
+    info: ModelInfo
+
+
+def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
+              profile: devices.DeviceProfile, registry: RegionRegistry) -> LLMParts:
+    rt = profile.runtime
+    source = str(model)
+    if tokenizer is None:
+        if source.startswith("builtin:"):
+            tokenizer = DEFAULT_BUILTIN_TOKENIZER
+        elif (Path(source) / "tokenizer.json").is_file():
+            tokenizer = Path(source) / "tokenizer.json"
+        else:
+            raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
+                                 "'qwen2.5' or a tokenizer.json / .tiktoken path)")
+    tok = load_reference(tokenizer)
+    dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
+    decoder, info = load_model(source, device=dev, dtype=DTYPES[rt.dtype], vocab_size=tok.vocab_size)
+    if decoder.cfg.vocab_size <= tok.max_id:
+        raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
+                            f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")
+    pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
+                  dtype=decoder.dtype, device=dev)
+    runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
+                         prefill_chunk=rt.prefill_chunk,
+                         use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda")
+    return LLMParts(Engine(runner, pool, tok), tok, info)
+
+
+def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: RegionRegistry) -> Binding:
+    rt = profile.runtime
+    layout = {"regions": registry.layout(), "block_size": rt.block_size,
+              "buckets": list(rt.batch_buckets), "max_context": rt.max_context}
+    return Binding.of(model=llm.info.weights_digest if llm else "none",
+                      tokenizer=llm.tokenizer.fingerprint if llm else "none",
+                      layout=layout, dtype=rt.dtype, device_class=profile.device)
+
+
+def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
+                       registry: RegionRegistry) -> Checkpointer:
+    pool = llm.engine.pool if llm else None
+
+    def kv_state() -> tuple[set[int], set[int]]:
+        if pool is None:
+            return set(), set()
+        dirty, pool.dirty = pool.dirty, set()
+        live = {b for s in llm.engine.streams.values() for b in s.table.blocks}
+        return dirty, live
+    return Checkpointer(store, Snapshotter(registry), binding, kv_state)
+
+
+def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:
+    meta, blobs = export_streams(llm.engine) if llm else ([], {})
+    return {"streams": meta, "app_state": app_state}, blobs
+
+
+def host_loader(llm: LLMParts | None, set_app_state: Callable[[dict], None]):
+    """The checkpointer's HostLoader for this session: validate first, install later."""
+    def load(host: dict, blobs: dict[str, bytes]) -> Callable[[], None]:
+        app = host.get("app_state")
+        if not isinstance(app, dict):
+            raise ValueError("app_state is not an object")
+        install_streams = import_streams(llm.engine, host["streams"], blobs) if llm else (lambda: None)
+
+        def install() -> None:
+            install_streams()
+            set_app_state(app)
+        return install
+    return load
+
+
+def open_store(path: Path, sign_key: bytes | None) -> Any:
+    return Store.open(path, create=True, sign_key=sign_key)

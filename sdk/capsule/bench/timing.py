@@ -1,0 +1,61 @@
+"""Timing helpers shared by suites: percentiles, a synchronizing clock, and a decode-step probe."""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from tqdm import tqdm
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); no interpolation, so p99 of few samples is the max."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in 0..100, got {q}")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def make_clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter that first waits for queued GPU work, so a reading covers the work before it."""
+    if device.type == "cuda":
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return clock
+    return time.perf_counter
+
+
+def progress(total: int, desc: str, enabled: bool, unit: str = "step") -> tqdm:
+    # disable=None turns the bar off when stderr is not a terminal (CI logs, tests)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=None if enabled else True)
+
+
+@contextmanager
+def step_probe(runner: Any, clock: Callable[[], float], bar: tqdm | None = None
+               ) -> Iterator[list[tuple[int, float]]]:
+    """Time every `runner.decode(rows)` call made inside the block; yields [(rows, seconds), ...].
+
+    The probe wraps the instance's bound method, so the engine's own decode loop is what is
+    measured, and removes the wrapper on exit (the class method shows through again).
+    """
+    samples: list[tuple[int, float]] = []
+    inner = runner.decode
+
+    def timed(rows: Sequence[Any]) -> torch.Tensor:
+        t0 = clock()
+        out = inner(rows)
+        samples.append((len(rows), clock() - t0))
+        if bar is not None:
+            bar.update(1)
+        return out
+
+    runner.decode = timed
+    try:
+        yield samples
+    finally:
+        del runner.decode

@@ -1,0 +1,125 @@
+"""`capsule` command line: demo | doctor | bench | inspect | verify. Parsing and dispatch only."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import Sequence
+
+from ._version import __version__
+from .errors import CapsuleError
+
+PLACEHOLDER = "not implemented yet: arrives with the capsules issue"
+
+
+def _version_line() -> str:
+    import torch
+
+    cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ""
+    return f"capsule {__version__} (torch {torch.__version__}{cuda}, python {platform.python_version()})"
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(model=args.model, tokenizer=args.tokenizer, device=args.device, store=args.store)
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import cpu_works, format_checks, run_checks
+
+    print(f"{_version_line()}\nchecking backends with a tiny real inference each ...", flush=True)
+    checks = run_checks(debug=args.debug)
+    print(format_checks(checks))
+    return 0 if cpu_works(checks) else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import SUITES, BenchOptions, run_suite
+    from .bench.report import format_table
+
+    if args.suite not in SUITES:
+        print(f"error: unknown bench suite {args.suite!r}; available: {', '.join(sorted(SUITES))}",
+              file=sys.stderr)
+        return 2
+    opts = BenchOptions(model=args.model, device=args.device, quick=args.quick, steps=args.steps)
+    print(f"bench {args.suite}: model {opts.model}, device {opts.device}{', quick' if opts.quick else ''}",
+          flush=True)
+    run = run_suite(args.suite, opts, args.out)
+    for title, rows in run.result.tables.items():
+        print(f"\n{title}\n{format_table(rows, markdown=False)}")
+    print(f"\nwrote {run.json_path} and {run.md_path.name}")
+    return 0
+
+
+def _cmd_placeholder(args: argparse.Namespace) -> int:
+    print(f"capsule {args.command}: {PLACEHOLDER}", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # --debug is accepted before or after the verb; SUPPRESS keeps a subcommand from resetting it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks instead of one-line errors")
+    parser = argparse.ArgumentParser(prog="capsule", parents=[common],
+                                     description="Execution-state capsules for edge robots.")
+    parser.add_argument("--version", action="store_true", help="print versions and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", parents=[common], help="short end-to-end run with timings")
+    demo.add_argument("--model", default="builtin:tiny", help="builtin:<preset> or a checkpoint folder")
+    demo.add_argument("--tokenizer", default=None,
+                      help="family name or tokenizer file (default: the model's own, cl100k_base for builtin)")
+    demo.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
+    demo.add_argument("--store", default=None, help="keep the store here (default: a temp folder, deleted)")
+    demo.set_defaults(func=_cmd_demo)
+
+    doctor = sub.add_parser("doctor", parents=[common], help="which backends work here (runs a tiny inference each)")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    bench = sub.add_parser("bench", parents=[common], help="run a benchmark suite")
+    bench.add_argument("--suite", required=True, help="suite name, e.g. decode")
+    bench.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
+    bench.add_argument("--out", default=None, help="output folder (default bench-results/<suite>-<time>/)")
+    bench.add_argument("--quick", action="store_true", help="fewer sizes and steps")
+    bench.add_argument("--steps", type=int, default=None, help="timed decode steps per batch size")
+    bench.set_defaults(func=_cmd_bench)
+
+    for verb, what in (("inspect", "list a store's epochs and regions"), ("verify", "check a store's records")):
+        p = sub.add_parser(verb, parents=[common], help=f"{what} ({PLACEHOLDER})")
+        p.add_argument("store", help="store folder")
+        p.set_defaults(func=_cmd_placeholder)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 error, 2 usage)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and usage errors; return the status instead
+        return exc.code if isinstance(exc.code, int) else 0
+    args.debug = getattr(args, "debug", False)
+    if args.version:
+        print(_version_line())
+        return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except (CapsuleError, ValueError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Snapshot: turn live state into the pages changed since the last capsule, and back.
+
+Three kinds of pages:
+- "kv_pool": block i of every layer; dirty blocks come from the pool's write log (no scan).
+- other registered regions (inputs, policy buffers): fixed-size byte pages, compared by digest.
+  Role "output" regions are not saved: a step recomputes them from its inputs.
+- host blobs ("host/<key>": token ids, text, block tables, RNG state): 4 KiB pages, compared
+  with the bytes last written.
+Not thread-safe: the checkpointer calls it from the session's thread.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+import xxhash
+
+from ..errors import CapsuleCorrupt
+from .regions import Region, RegionRegistry
+
+HOST_PAGE = 4096
+KV_REGION = "kv_pool"
+Page = tuple[str, int, bytes]
+
+
+def _digest(b: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(b)
+
+
+def _as_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+class Snapshotter:
+    """Remembers what the last capsule holds, so the next one writes only what changed."""
+
+    def __init__(self, registry: RegionRegistry, scratch_blocks: Iterable[int] = (0,)):
+        self.registry = registry
+        self.scratch = set(scratch_blocks)
+        self._digests: dict[str, list[int]] = {}
+        self._host: dict[str, bytes] = {}
+        self.full = True  # the next capture writes every live page (first epoch, after a rollback)
+
+    def saved_regions(self) -> list[Region]:
+        return [r for r in self.registry if r.role not in ("output", "kv")]
+
+    # -- capture ------------------------------------------------------------------------------
+    def capture(self, kv_dirty: set[int], kv_live: set[int], blobs: dict[str, bytes]) -> list[Page]:
+        """Pages to write for this epoch. kv_dirty: blocks written since the last capsule;
+        kv_live: blocks in some stream's table (all of them go out when `full`)."""
+        pages: list[Page] = []
+        if KV_REGION in self.registry:
+            blocks = (kv_live | kv_dirty) if self.full else kv_dirty
+            pages += self._kv_pages(sorted(blocks - self.scratch))
+        for region in self.saved_regions():
+            pages += self._region_pages(region)
+        for key, blob in blobs.items():
+            pages += self._host_pages(key, blob)
+        self.full = False
+        return pages
+
+    def _kv_pages(self, blocks: list[int]) -> list[Page]:
+        if not blocks:
+            return []
+        pool = self.registry[KV_REGION].tensor                               # (L, 2, NB, bs, KV, hd)
+        idx = torch.tensor(blocks, device=pool.device)
+        # one gather and one device->host copy for all dirty blocks
+        picked = pool.index_select(2, idx).movedim(2, 0).contiguous().cpu()  # (n, L, 2, bs, KV, hd)
+        raw = picked.view(torch.uint8).numpy().reshape(len(blocks), -1)
+        return [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(blocks)]
+
+    def _region_pages(self, region: Region) -> list[Page]:
+        data = _as_bytes(region.tensor)
+        size = region.page_bytes
+        old = self._digests.get(region.name, [])
+        new, out = [], []
+        for i in range(0, max(1, -(-len(data) // size))):
+            page = data[i * size:(i + 1) * size]
+            d = _digest(page)
+            new.append(d)
+            if self.full or i >= len(old) or old[i] != d:
+                out.append((region.name, i, page))
+        self._digests[region.name] = new
+        return out
+
+    def _host_pages(self, key: str, blob: bytes) -> list[Page]:
+        old = b"" if self.full else self._host.get(key, b"")
+        out = []
+        for i in range(0, -(-len(blob) // HOST_PAGE)):
+            lo, hi = i * HOST_PAGE, (i + 1) * HOST_PAGE
+            if blob[lo:hi] != old[lo:hi]:
+                out.append((f"host/{key}", i, blob[lo:hi]))
+        self._host[key] = blob
+        return out
+
+    # -- restore ------------------------------------------------------------------------------
+    def check(self, pages: dict[str, dict[int, bytes]], blob_sizes: dict[str, int]) -> dict[str, bytes]:
+        """Validate an epoch's page view against this session's layout and rebuild the host blobs.
+
+        Runs before anything live is touched, so a bad capsule leaves the session unchanged.
+        """
+        kv = self.registry[KV_REGION] if KV_REGION in self.registry else None
+        for b, page in pages.get(KV_REGION, {}).items():
+            if kv is None or not 0 <= b < kv.tensor.shape[2] or len(page) != kv.page_bytes:
+                raise CapsuleCorrupt(f"KV page {b} does not fit this pool ({len(page)} bytes)")
+        for region in self.saved_regions():
+            nbytes = region.tensor.numel() * region.tensor.element_size()
+            got = pages.get(region.name, {})
+            want = -(-nbytes // region.page_bytes)
+            if sorted(got) != list(range(want)) or sum(len(p) for p in got.values()) != nbytes:
+                raise CapsuleCorrupt(f"region {region.name!r}: capsule pages do not cover its {nbytes} bytes")
+        blobs = {}
+        for key, size in blob_sizes.items():
+            got = pages.get(f"host/{key}", {})
+            n = -(-size // HOST_PAGE)
+            if any(i not in got for i in range(n)):
+                raise CapsuleCorrupt(f"host state {key!r}: pages missing from the capsule")
+            blob = b"".join(got[i] for i in range(n))[:size]
+            if len(blob) != size:
+                raise CapsuleCorrupt(f"host state {key!r}: {len(blob)} bytes, manifest says {size}")
+            blobs[key] = blob
+        return blobs
+
+    def apply(self, pages: dict[str, dict[int, bytes]], blobs: dict[str, bytes], *, newest: bool) -> None:
+        """Write checked pages into the live buffers in place (storage never moves)."""
+        kv_pages = pages.get(KV_REGION, {})
+        if kv_pages:
+            pool = self.registry[KV_REGION].tensor
+            blocks = sorted(kv_pages)
+            shape = (len(blocks), *pool.shape[:2], *pool.shape[3:])        # (n, L, 2, bs, KV, hd)
+            raw = np.frombuffer(b"".join(kv_pages[b] for b in blocks), dtype=np.uint8)
+            host = torch.from_numpy(raw.copy()).view(pool.dtype).view(shape)
+            pool.index_copy_(2, torch.tensor(blocks, device=pool.device), host.movedim(0, 2).to(pool.device))
+        for region in self.saved_regions():
+            got = pages[region.name]
+            data = b"".join(got[i] for i in range(len(got)))
+            flat = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+            region.tensor.view(-1).view(torch.uint8).copy_(flat.to(region.tensor.device))
+            self._digests[region.name] = [_digest(data[i:i + region.page_bytes])
+                                          for i in range(0, len(data), region.page_bytes)]
+        self._host = dict(blobs)
+        # after a fallback or rollback, newer epochs hold pages this state does not have:
+        # the next capsule must be complete on its own
+        self.full = not newest

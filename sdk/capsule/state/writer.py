@@ -1,0 +1,88 @@
+"""Background writer: makes staged epochs durable off the caller's thread, with group commit.
+
+The caller hands over fully materialized pages (host bytes), so the live buffers may change
+right after `submit` returns. When the disk is slower than the checkpoint rate, every epoch
+waiting in the queue is appended and then made durable by one fsync + one index transaction.
+A failure is kept and raised on the next submit / flush / close: never swallowed.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable
+
+from ..errors import StoreError
+
+
+class BackgroundWriter:
+    """One daemon thread per session. `submit` never blocks on I/O."""
+
+    def __init__(self, store: Any, on_durable: Callable[[int], None] | None = None):
+        self._store = store
+        self._on_durable = on_durable
+        self._queue: deque = deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="capsule-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, expected_epoch: int, pages: list, manifest: bytes, name: str | None, meta: dict) -> None:
+        with self._cond:
+            self._raise_pending()
+            self._queue.append((expected_epoch, pages, manifest, name, meta))
+            self._cond.notify_all()
+
+    def flush(self) -> None:
+        """Block until everything submitted is durable; raise the first write failure."""
+        with self._cond:
+            while (self._queue or self._busy) and self._error is None:
+                self._cond.wait()
+            self._raise_pending()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            self._thread.join()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + int(self._busy)
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            self._queue.clear()
+            raise StoreError(f"a background checkpoint failed: {err}") from err
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop and not self._queue:
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+                self._busy = True
+            try:
+                for expected, pages, manifest, name, meta in batch:
+                    got = self._store.stage_epoch(pages, manifest, name=name, meta=meta)
+                    if got != expected:
+                        raise StoreError(f"store assigned epoch {got}, session expected {expected}")
+                infos = self._store.sync()            # one fsync + one transaction for the batch
+                if self._on_durable and infos:
+                    self._on_durable(infos[-1].id)
+            except BaseException as exc:  # kept and re-raised on the caller's next call
+                with self._cond:
+                    self._error = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()

@@ -1,0 +1,185 @@
+"""The commit protocol: append records -> fsync segments (+ folder on a new file) -> one SQLite
+transaction, the commit point. Also the way back to the committed state after a failure or a
+crash: cut every byte the index does not know about.
+
+Threading: one Committer per Store, called with the Store's writer lock held; it takes the
+state lock (`lock`) only around index access.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, NoReturn
+
+from ..errors import StoreError
+from .errors import StoreIOError, UnknownEpoch
+from .index import Index
+from .info import EpochInfo, PageRef, StagedEpoch
+from .inputs import as_bytes_view, check_meta, check_name, check_pages
+from .records import KIND_MANIFEST, KIND_PAGE, SEGMENT_HEADER, Sealer, encode_record
+from .segments import FileOps, Position, SegmentWriter, list_segment_files, segment_path
+
+
+class Committer:
+    """Owns the segment writer and the staged (appended, uncommitted) epochs."""
+
+    def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
+                 lock: threading.RLock):
+        self.path, self._index, self._sealer, self._fs, self._lock = path, index, sealer, fs, lock
+        self.seg_dir = path / "segments"
+        self.writer = SegmentWriter(self.seg_dir, fs, segment_bytes, sealer.signed)
+        self.staged: list[StagedEpoch] = []
+        self._poisoned = False  # a failed cleanup left bytes past the committed end
+
+    # -- staging ----------------------------------------------------------------------------------
+    def stage(self, pages: Iterable, manifest: Any, name: str | None, meta: dict | None,
+              base: int | None) -> StagedEpoch:
+        self.heal()
+        items, man = check_pages(pages), as_bytes_view(manifest, "manifest")
+        check_name(name)
+        meta = check_meta(meta)
+        with self._lock:
+            epoch = (self._index.latest() or 0) + len(self.staged) + 1
+            if name is not None and (self._index.by_name(name) is not None
+                                     or any(s.info.name == name for s in self.staged)):
+                raise ValueError(f"epoch name {name!r} is already used by a retained epoch; names must be unique")
+            aliases = self._base_rows(epoch, base, {(r, i) for r, i, _ in items})
+        start, rows = self.writer.position(), []
+        try:
+            for region, index, data in items:
+                rows.append(self._append(KIND_PAGE, epoch, region, index, data))
+            man_ref = self._append(KIND_MANIFEST, epoch, "", 0, man)
+            self.writer.flush()
+        except OSError as exc:
+            self._undo(start, exc, f"writing epoch {epoch}")
+        info = EpochInfo(epoch, name, time.time(), sum(r.length for r in rows) + man_ref.length, len(rows),  # type: ignore[arg-type]
+                         meta, epoch - 1 if base is None else base)
+        staged = StagedEpoch(info, PageRef(None, None, epoch, man_ref.segment, man_ref.offset, man_ref.length),
+                             tuple(rows + aliases), start)
+        self.staged.append(staged)
+        return staged
+
+    def _base_rows(self, epoch: int, base: int | None, written: set[tuple[str, int]]) -> list[PageRef]:
+        """Index-only rows that make epoch's view = base's view + its pages (no bytes rewritten)."""
+        if base is None or base == epoch - 1:
+            return []
+        if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < epoch - 1:
+            raise ValueError(f"base must be 0 or an epoch before {epoch}, got {base!r}")
+        if self.staged:
+            raise ValueError("sync() the staged epochs before writing an epoch with an older base")
+        if base and self._index.manifest_ref(base) is None:
+            raise UnknownEpoch(f"base epoch {base} is not in store {self.path} (dropped by retention?)")
+        old = {(r.region, r.index): r for r in self._index.view(base)} if base else {}
+        rows = []
+        for key in sorted(self._index.changed_after(base) - written):
+            ref = old.get(key)
+            rows.append(PageRef(key[0], key[1], ref.rec_epoch, ref.segment, ref.offset, ref.length) if ref
+                        else PageRef(key[0], key[1], epoch, None, None, None))  # tombstone
+        return rows
+
+    def _append(self, kind: int, epoch: int, region: str, index: int, data: Any) -> PageRef:
+        parts = encode_record(self._sealer, kind, epoch, region, index, data)
+        length = sum(len(p) for p in parts)
+        segment, offset = self.writer.append(parts, length)
+        return PageRef(region, index, epoch, segment, offset, length)
+
+    # -- committing -------------------------------------------------------------------------------
+    def sync(self) -> list[EpochInfo]:
+        """One fsync pass + one index transaction for every staged epoch."""
+        self.heal()
+        if not self.staged:
+            return []
+        staged = list(self.staged)
+        try:
+            ends = self.writer.sync()
+        except OSError as exc:
+            self.fail(exc, "fsync")
+        try:
+            with self._lock:
+                self._index.commit(staged, ends)
+        except StoreError as exc:
+            self.fail(exc, "the index commit")
+        self.staged.clear()
+        self.writer.committed()
+        return [s.info for s in staged]
+
+    # -- failures and recovery -------------------------------------------------------------------
+    def _undo(self, start: Position, exc: OSError, what: str) -> NoReturn:
+        try:
+            self.writer.rollback_to(start)
+        except OSError as again:
+            self.fail(exc, what, cleanup=again)
+        raise StoreIOError(f"{what} to {self.path} failed: {reason(exc)}. Nothing of it was committed and the "
+                           f"store stays usable; free space / fix the disk and write again") from exc
+
+    def fail(self, exc: BaseException, what: str, cleanup: OSError | None = None) -> NoReturn:
+        """Discard every staged epoch, cut back to the committed state and raise StoreIOError."""
+        ids = [s.info.id for s in self.staged]
+        self.staged.clear()
+        if cleanup is None:
+            try:
+                self.reset_to_committed()
+            except OSError as again:
+                cleanup = again
+        self._poisoned = cleanup is not None
+        lost = f" Staged epochs {ids} were not committed and are discarded." if ids else ""
+        note = f" Cutting the uncommitted bytes failed too ({reason(cleanup)}); retried on the next write." \
+            if cleanup else ""
+        raise StoreIOError(f"{what} failed in store {self.path}: {reason(exc)}.{lost}{note} Committed epochs "
+                           f"are intact and the store stays usable.") from exc
+
+    def heal(self) -> None:
+        """Before writing after a failed cleanup: cut the uncommitted bytes now (or raise again)."""
+        if self._poisoned:
+            try:
+                self.reset_to_committed()
+            except OSError as exc:
+                raise StoreIOError(f"store {self.path} still cannot cut uncommitted bytes: {reason(exc)}") from exc
+            self._poisoned = False
+
+    def reset_to_committed(self) -> None:
+        """Make the files match the index: delete never-committed segment files, cut the active
+        segment past its committed end, and append after it (or in a fresh file when committed
+        bytes are missing: never write over what the index points at)."""
+        self.writer.abandon()
+        with self._lock:
+            live = self._index.segments("live")
+        top = max(live, default=0)
+        orphans = [s for s in list_segment_files(self.seg_dir) if s > top]
+        for seg in orphans:
+            self._fs.unlink(str(segment_path(self.seg_dir, seg)))
+        if orphans:
+            self._fs.fsync_dir(str(self.seg_dir))
+        if not top:
+            return self.writer.attach(None, 0, 1)
+        end, path = live[top], segment_path(self.seg_dir, top)
+        size = path.stat().st_size if path.exists() else -1
+        if size > end:
+            fd = self._fs.open(str(path), os.O_WRONLY)
+            try:
+                self._fs.truncate(fd, end)
+                self._fs.fsync(fd)
+            finally:
+                self._fs.close(fd)
+        ok = size >= end >= SEGMENT_HEADER.size
+        self.writer.attach(top if ok else None, end if ok else 0, top + 1)
+
+    def discard(self) -> None:
+        """At close: drop staged epochs (never acknowledged) and cut their bytes, best effort."""
+        try:
+            if self.staged or self._poisoned:
+                self.staged.clear()
+                self.reset_to_committed()
+        except OSError:
+            pass  # the next open cuts the tail anyway
+        finally:
+            self.writer.abandon()
+
+
+def reason(exc: BaseException | None) -> str:
+    if isinstance(exc, OSError) and exc.errno:
+        return f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror or exc}"
+    return str(exc)

@@ -1,0 +1,56 @@
+"""Errors the store raises. Each message names the store, the record and what to do next."""
+from __future__ import annotations
+
+from ..errors import CapsuleCorrupt, StoreError
+
+
+class StoreLocked(StoreError):
+    """Another process holds the store's LOCK (it is open for writing there)."""
+
+
+class SigningKeyError(StoreError):
+    """The store is signed and no key / the wrong key was given, or a key was given to an unsigned store."""
+
+
+class StoreIOError(StoreError):
+    """A write, fsync or index commit failed; nothing of the failed epochs was committed."""
+
+
+class UnknownEpoch(StoreError, KeyError):
+    """An epoch id or name that the store does not hold (never committed, or dropped by retention)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class IndexCorrupt(CapsuleCorrupt):
+    """index.sqlite is missing, truncated or garbage while segment data exists."""
+
+
+class PageCorrupt(CapsuleCorrupt):
+    """One record failed verification. `epoch` is the epoch that wrote the record; `loading` the
+    epoch being read when it was found. region/index are None for a manifest record."""
+
+    def __init__(self, epoch: int, region: str | None, index: int | None, segment: int, offset: int,
+                 reason: str, *, loading: int | None = None):
+        self.epoch, self.region, self.index = epoch, region, index
+        self.segment, self.offset, self.reason = segment, offset, reason
+        self.loading = epoch if loading is None else loading
+        what = "manifest" if region is None else f"page {region}[{index}]"
+        super().__init__(
+            f"epoch {self.loading}: {what} written by epoch {epoch} (segment {segment:06d}, offset {offset}) "
+            f"is corrupt: {reason}. Older epochs that do not use this record may still load "
+            f"(Store.load_newest_valid); `capsule verify` lists all damage")
+
+    def __reduce__(self):  # picklable across processes despite the keyword-only argument
+        return (_rebuild_page_corrupt, (self.epoch, self.region, self.index, self.segment, self.offset,
+                                        self.reason, self.loading))
+
+
+def _rebuild_page_corrupt(*args) -> PageCorrupt:
+    *head, loading = args
+    return PageCorrupt(*head, loading=loading)
+
+
+__all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError",
+           "UnknownEpoch", "IndexCorrupt", "PageCorrupt"]

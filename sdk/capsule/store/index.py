@@ -1,0 +1,253 @@
+"""index.sqlite: schema, integrity checks at open, and every query the store makes.
+
+Threading: one connection (check_same_thread=False); the Store calls it only under its state
+lock. Transactions are explicit (BEGIN IMMEDIATE ... COMMIT); nothing commits implicitly.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import sqlite3
+import struct
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import sqlite_utils
+
+from ..errors import StoreError
+from .errors import IndexCorrupt, StoreIOError
+from .info import EpochInfo, PageRef, StagedEpoch
+
+SCHEMA_VERSION = 1
+_EPOCH_COLS = "id, name, created, bytes_written, n_pages, meta, base"
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+
+
+def _is_corruption(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc).lower()
+    return "malformed" in text or "not a database" in text
+
+
+def check_sqlite_header(path: Path) -> None:
+    """Cheap O(1) check that the file is a whole SQLite database (catches truncation)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        raise IndexCorrupt(f"{path} is not an SQLite database (garbage or truncated header)")
+    page_size = struct.unpack(">H", head[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    pages, change, valid_for = struct.unpack(">I", head[28:32])[0], head[24:28], head[92:96]
+    if page_size < 512 or size % page_size or (change == valid_for and pages * page_size > size):
+        raise IndexCorrupt(f"{path} is truncated ({size} bytes, header says {pages} pages of {page_size})")
+
+
+class Index:
+    """The page map and epoch list. See docs/FORMAT.md for the schema."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path, self._conn = path, conn
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool, segments_exist: bool) -> "Index":
+        damaged = (f"the store's index {path} is damaged or missing while segment files exist, so its "
+                   f"epochs cannot be found or trusted; nothing was changed. Keep a copy of the folder "
+                   f"(or move it away to start a new store)")
+        fresh = not path.exists() or path.stat().st_size == 0
+        if fresh and segments_exist:
+            raise IndexCorrupt(damaged)
+        if fresh and not create:
+            raise StoreError(f"no capsule store at {path.parent} (pass create=True to make one)")
+        if fresh:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # WAL/SHM inherit this mode
+        else:
+            check_sqlite_header(path)
+        os.chmod(path, 0o600)
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+        index = cls(path, conn)
+        try:
+            with index._guard("opening"):
+                conn.execute("PRAGMA journal_mode=WAL").fetchall()
+                conn.execute("PRAGMA synchronous=FULL")
+                if not index._initialized():
+                    if segments_exist:
+                        raise IndexCorrupt(damaged)
+                    index._create_schema()
+        except BaseException:
+            conn.close()
+            raise
+        return index
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if _is_corruption(exc):
+                raise IndexCorrupt(f"index {self.path} is damaged ({exc}) while {what}; "
+                                   f"run `capsule verify` and keep a copy of the folder") from exc
+            raise StoreIOError(f"index {self.path} failed while {what}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One atomic transaction; rolled back (and re-raised as a store error) on any failure."""
+        with self._guard(what):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def _query(self, sql: str, args: Iterable = ()) -> list[tuple]:
+        with self._guard("reading"):
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    # -- schema / meta -------------------------------------------------------------------------
+    def _initialized(self) -> bool:
+        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchall():
+            return False
+        return bool(self._conn.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchall())
+
+    def _create_schema(self) -> None:
+        with self.transaction("creating the index"):
+            db = sqlite_utils.Database(self._conn, recursive_triggers=False, execute_plugins=False)
+            db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"}, if_not_exists=True)
+            db["segments"].create({"id": int, "committed_end": int, "state": str}, pk="id",
+                                  not_null={"committed_end", "state"}, if_not_exists=True)
+            db["epochs"].create({"id": int, "name": str, "created": float, "bytes_written": int,
+                                 "n_pages": int, "meta": str, "base": int, "man_segment": int,
+                                 "man_offset": int, "man_length": int}, pk="id",
+                                not_null={"created", "bytes_written", "n_pages", "meta", "base",
+                                          "man_segment", "man_offset", "man_length"}, if_not_exists=True)
+            db["epochs"].create_index(["name"], unique=True, if_not_exists=True)
+            db["epochs"].create_index(["man_segment", "man_offset"], if_not_exists=True)
+            db["pages"].create({"region": str, "idx": int, "epoch": int, "rec_epoch": int, "segment": int,
+                                "offset": int, "length": int, "superseded": int}, pk=("region", "idx", "epoch"),
+                               not_null={"region", "idx", "epoch", "rec_epoch"}, if_not_exists=True)
+            db["pages"].create_index(["epoch"], if_not_exists=True)
+            db["pages"].create_index(["superseded"], if_not_exists=True)
+            db["pages"].create_index(["segment", "offset"], if_not_exists=True)
+
+    def get_meta(self) -> dict[str, str]:
+        return dict(self._query("SELECT key, value FROM meta"))
+
+    def init_meta(self, values: dict[str, str]) -> None:
+        with self.transaction("initializing the store") as c:
+            c.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", values.items())
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    # -- epochs -------------------------------------------------------------------------------
+    def latest(self) -> int | None:
+        return self._query("SELECT MAX(id) FROM epochs")[0][0]
+
+    def epochs(self, where: str = "", args: Iterable = ()) -> list[EpochInfo]:
+        rows = self._query(f"SELECT {_EPOCH_COLS} FROM epochs {where} ORDER BY id", args)
+        return [EpochInfo(i, n, c, b, p, json.loads(m), base) for i, n, c, b, p, m, base in rows]
+
+    def epoch_ids(self) -> list[int]:
+        return [r[0] for r in self._query("SELECT id FROM epochs ORDER BY id")]
+
+    def by_name(self, name: str) -> int | None:
+        rows = self._query("SELECT id FROM epochs WHERE name = ?", (name,))
+        return rows[0][0] if rows else None
+
+    def manifest_ref(self, epoch: int) -> PageRef | None:
+        rows = self._query("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?", (epoch,))
+        return PageRef(None, None, epoch, *rows[0]) if rows else None
+
+    def view(self, epoch: int) -> list[PageRef]:
+        """The page records epoch sees: per (region, idx), the newest row at or before it,
+        unless that row is a tombstone. (SQLite takes bare columns from the MAX() row.)"""
+        rows = self._query("SELECT region, idx, MAX(epoch), rec_epoch, segment, offset, length FROM pages "
+                           "WHERE epoch <= ? GROUP BY region, idx", (epoch,))
+        return [PageRef(r, i, re, s, o, n) for r, i, _, re, s, o, n in rows if s is not None]
+
+    def changed_after(self, epoch: int) -> set[tuple[str, int]]:
+        return set(self._query("SELECT DISTINCT region, idx FROM pages WHERE epoch > ?", (epoch,)))
+
+    def commit(self, staged: list[StagedEpoch], ends: dict[int, int]) -> None:
+        """THE commit point: every staged epoch's rows and the segments' new ends, atomically."""
+        with self.transaction("committing epochs") as c:
+            for st in staged:
+                e, m = st.info, st.manifest
+                c.execute(f"INSERT INTO epochs({_EPOCH_COLS}, man_segment, man_offset, man_length) "
+                          "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                          (e.id, e.name, e.created, e.bytes_written, e.n_pages, json.dumps(e.meta), e.base,
+                           m.segment, m.offset, m.length))
+                c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? AND superseded IS NULL",
+                              [(e.id, r.region, r.index) for r in st.rows])
+                c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
+                              [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length)
+                               for r in st.rows])
+            self._set_ends(c, ends)
+
+    @staticmethod
+    def _set_ends(c: sqlite3.Connection, ends: dict[int, int]) -> None:
+        c.executemany("INSERT INTO segments(id, committed_end, state) VALUES (?, ?, 'live') ON CONFLICT(id) "
+                      "DO UPDATE SET committed_end = excluded.committed_end", ends.items())
+
+    # -- retention ------------------------------------------------------------------------------
+    def drop_epochs(self, dropped: list[int]) -> None:
+        """Delete epochs and every page row no remaining epoch can see, in one transaction.
+        Row (r, i, e) superseded at s is seen by epochs [e, s): only rows whose range holds a
+        dropped epoch can die, and those were superseded after min(dropped) (a small set)."""
+        with self.transaction("dropping old epochs") as c:
+            c.executemany("DELETE FROM epochs WHERE id = ?", [(e,) for e in dropped])
+            kept = [r[0] for r in c.execute("SELECT id FROM epochs ORDER BY id")]
+            rows = c.execute("SELECT region, idx, epoch, superseded FROM pages WHERE superseded > ? AND epoch <= ?",
+                             (min(dropped), max(dropped))).fetchall()
+            dead = [(r, i, e) for r, i, e, s in rows if not _any_between(kept, e, s)]
+            c.executemany("DELETE FROM pages WHERE region = ? AND idx = ? AND epoch = ?", dead)
+            for region, idx in {(r, i) for r, i, _ in dead}:
+                # a tombstone with nothing older to hide is useless
+                c.execute("DELETE FROM pages WHERE region = ? AND idx = ? AND segment IS NULL AND epoch = "
+                          "(SELECT MIN(epoch) FROM pages WHERE region = ? AND idx = ?)", (region, idx, region, idx))
+
+    # -- segments / compaction -----------------------------------------------------------------
+    def segments(self, state: str = "live") -> dict[int, int]:
+        return dict(self._query("SELECT id, committed_end FROM segments WHERE state = ? ORDER BY id", (state,)))
+
+    def live_records(self, segment: int | None = None) -> list[tuple[int, int, int]]:
+        """Distinct (segment, offset, length) of every record some row points at, in file order."""
+        if segment is None:
+            return self._query("SELECT segment, offset, length FROM pages WHERE segment IS NOT NULL UNION "
+                               "SELECT man_segment, man_offset, man_length FROM epochs ORDER BY 1, 2")
+        return self._query("SELECT segment, offset, length FROM pages WHERE segment = ? UNION SELECT "
+                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? ORDER BY 1, 2",
+                           (segment, segment))
+
+    def repoint(self, moves: dict[tuple[int, int], tuple[int, int]], ends: dict[int, int], dead: list[int]) -> None:
+        """Compaction's commit: rows follow their copied records; old segments become dead."""
+        with self.transaction("committing compaction") as c:
+            for (seg, off), (nseg, noff) in moves.items():
+                c.execute("UPDATE pages SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
+                          (nseg, noff, seg, off))
+                c.execute("UPDATE epochs SET man_segment = ?, man_offset = ? "
+                          "WHERE man_segment = ? AND man_offset = ?", (nseg, noff, seg, off))
+            self._set_ends(c, ends)
+            c.executemany("UPDATE segments SET state = 'dead' WHERE id = ?", [(s,) for s in dead])
+
+    def forget_segments(self, ids: list[int]) -> None:
+        with self.transaction("forgetting deleted segments") as c:
+            c.executemany("DELETE FROM segments WHERE id = ? AND state = 'dead'", [(s,) for s in ids])
+
+    def integrity_problems(self) -> list[str]:
+        rows = self._query("PRAGMA integrity_check")
+        return [] if rows == [("ok",)] else [f"index: {r[0]}" for r in rows]
+
+
+def _any_between(sorted_ids: list[int], lo: int, hi: int | None) -> bool:
+    """Is some id in [lo, hi) (hi None: unbounded)?"""
+    i = bisect.bisect_left(sorted_ids, lo)
+    return i < len(sorted_ids) and (hi is None or sorted_ids[i] < hi)

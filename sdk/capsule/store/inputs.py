@@ -1,0 +1,68 @@
+"""Checks and normalization of what callers hand to write_epoch / stage_epoch (ValueError on misuse)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from .records import MAX_NAME_BYTES, MAX_PAGE_INDEX, MAX_PAYLOAD_BYTES, Buffer
+
+MAX_EPOCH_NAME = 256
+Page = tuple[str, int, memoryview]
+
+
+def as_bytes_view(data: Any, what: str) -> Buffer:
+    """bytes stay as they are; other buffers become a flat byte memoryview (no copy)."""
+    if isinstance(data, bytes):
+        view: Buffer = data
+    else:
+        try:
+            view = memoryview(data).cast("B")
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be bytes, bytearray or a C-contiguous buffer, "
+                             f"got {type(data).__name__}") from None
+    if len(view) > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"{what} is {len(view)} bytes; a record holds at most {MAX_PAYLOAD_BYTES} "
+                         f"(split the region into smaller pages)")
+    return view
+
+
+def check_pages(pages: Iterable[tuple[str, int, Any]]) -> list[Page]:
+    out, seen = [], set()
+    for item in pages:
+        try:
+            region, index, data = item
+        except (TypeError, ValueError):
+            raise ValueError("pages must be (region: str, index: int, data: bytes) tuples") from None
+        if not isinstance(region, str) or not region:
+            raise ValueError(f"region name must be a non-empty str, got {region!r}")
+        if len(region.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise ValueError(f"region name {region[:40]!r}... is longer than {MAX_NAME_BYTES} UTF-8 bytes")
+        try:
+            region.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"region name {region!r} is not valid Unicode text") from None
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_PAGE_INDEX:
+            raise ValueError(f"page index of region {region!r} must be an int in 0..2**63-1, got {index!r}")
+        if (region, index) in seen:
+            raise ValueError(f"page {region}[{index}] appears twice in one epoch")
+        seen.add((region, index))
+        out.append((region, index, as_bytes_view(data, f"page {region}[{index}]")))
+    return out
+
+
+def check_name(name: str | None) -> None:
+    if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_EPOCH_NAME):
+        raise ValueError(f"epoch name must be a non-empty str of at most {MAX_EPOCH_NAME} characters, got {name!r}")
+    if isinstance(name, str) and name.isdigit():
+        raise ValueError(f"epoch name {name!r} looks like an epoch id; pick a name with a letter in it")
+
+
+def check_meta(meta: dict | None) -> dict:
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
+    try:
+        return json.loads(json.dumps(meta, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"meta must be JSON-serializable ({exc})") from None
