@@ -68,9 +68,12 @@ def test_rollback_in_place_equals_a_run_that_never_went_past(tmp_path):
         assert s.streams() == ["main", "side"]
         b = s.generate(12, temperature=0.8, seed=5)
         assert (a, s.tokens()) == (b, tokens_a)
-        # the epoch after a rollback stands on its own: reopening restores it exactly
+        # the epoch after a rollback is a small delta over the rolled-back-to epoch, and
+        # reopening restores it exactly (nothing of the abandoned epoch shows through)
         s.generate(3)
         last = s.checkpoint()
+        assert s.epochs()[-1].base == first
+        assert s.epochs()[-1].bytes_written < 4 * s.registry["kv_pool"].page_bytes
         want = s.tokens()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s2:
         assert s2.restored_epoch == last and s2.tokens() == want
@@ -124,3 +127,21 @@ def test_restore_into_another_model_seed_is_refused(tmp_path):
     with pytest.raises(CapsuleMismatch, match="model:") as err:
         Session.open(tmp_path / "s", model=b, tokenizer="cl100k_base", device="cpu", runtime=RT)
     assert "tokenizer:" not in str(err.value) and "layout:" not in str(err.value)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_retention_keeps_the_store_bounded_and_exact(tmp_path, wait):
+    with Session.open(tmp_path / "s", device="cpu", runtime=RT, keep_epochs=3) as s:
+        s.append(TRANSCRIPT[:1500])
+        for _ in range(30):
+            s.generate(4)
+            s.checkpoint(wait=wait)
+        s.flush()
+        assert [e.id for e in s.epochs()] == [28, 29, 30]
+        want = s.tokens()
+        size = sum(f.stat().st_size for f in (tmp_path / "s").rglob("*") if f.is_file())
+        live = s.registry["kv_pool"].page_bytes * (-(-len(want) // 16))
+        assert size < 6 * live + (1 << 20), (size, live)
+    with Session.open(tmp_path / "s", device="cpu", runtime=RT, keep_epochs=3) as s:
+        assert s.restored_epoch == 30 and s.tokens() == want
+        assert s.rollback(28) == 28 and len(s.tokens()) == len(want) - 8

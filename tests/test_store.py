@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from capsule.errors import CapsuleCorrupt, StoreError
-from capsule.store import (FileOps, IndexCorrupt, PageCorrupt, SigningKeyError, Store, StoreIOError, StoreLocked,
+from capsule.store import (FileOps, PageCorrupt, SigningKeyError, Store, StoreIOError, StoreLocked,
                            UnknownEpoch)
 from capsule.store.records import (KIND_PAGE, RECORD_HEADER, RecordError, Sealer, encode_record,
                                    parse_header)
@@ -223,7 +223,8 @@ def test_flipped_byte_is_detected_and_skipped(tmp_path, where):
         target, want = off + head.total - 20, (5, None)
     else:  # state[7] was written by epoch 3 and is still seen by epochs 4 and 5
         off, head, _ = [(o, h, n) for o, h, n in recs if n == "state"][0]
-        target = {"payload": off + RECORD_HEADER.size + 5 + 100, "header": off + 13, "tag": off + head.total - 1}[where]
+        target = {"payload": off + RECORD_HEADER.size + 5 + 100, "header": off + 13,
+                  "tag": off + head.total - 1}[where]
         want = (3, "state")
     flip(seg, target)
     with Store.open(tmp_path / "s") as st:
@@ -257,9 +258,10 @@ def test_damaged_index_is_never_an_empty_store(tmp_path):
 
 
 def test_lock_excludes_a_second_process(tmp_path):
-    script = ("import sys, types; p = types.ModuleType('capsule'); p.__path__ = [sys.argv[1] + '/capsule']; "
-              "sys.modules['capsule'] = p\nfrom capsule.store import Store\ntry:\n Store.open(sys.argv[2]).close(); "
-              "print('opened')\nexcept Exception as e:\n print(type(e).__name__, e)")
+    script = ("import sys, types; p = types.ModuleType('capsule'); p.__path__ = [sys.argv[1] + '/capsule']\n"
+              "sys.modules['capsule'] = p\nfrom capsule.store import Store\n"
+              "try:\n Store.open(sys.argv[2]).close(); print('opened')\n"
+              "except Exception as e:\n print(type(e).__name__, e)")
     run = lambda: subprocess.run([sys.executable, "-c", script, SDK, str(tmp_path / "s")],  # noqa: E731
                                  capture_output=True, text=True, timeout=60).stdout
     st = Store.open(tmp_path / "s")

@@ -70,7 +70,7 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
 
 
 def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
-                       registry: RegionRegistry) -> Checkpointer:
+                       registry: RegionRegistry, keep_epochs: int) -> Checkpointer:
     pool = llm.engine.pool if llm else None
 
     def kv_state() -> tuple[set[int], set[int]]:
@@ -79,7 +79,7 @@ def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
         dirty, pool.dirty = pool.dirty, set()
         live = {b for s in llm.engine.streams.values() for b in s.table.blocks}
         return dirty, live
-    return Checkpointer(store, Snapshotter(registry), binding, kv_state)
+    return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs)
 
 
 def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:

@@ -26,7 +26,7 @@ class Session:
     """An LLM (and later a policy) with its execution state, bound to a capsule store."""
 
     def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
-                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer, keep_epochs: int):
+                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer):
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
@@ -38,7 +38,6 @@ class Session:
         self._engine: Engine | None = llm.engine if llm else None
         self._store = store
         self._ckpt = checkpointer
-        self._keep = keep_epochs
         self._state: dict = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -78,7 +77,7 @@ class Session:
         store = assembly.open_store(store_path, sign_key)
         try:
             session = cls(store_path, profile, llm, registry, store,
-                          assembly.build_checkpointer(store, llm, binding, registry), keep)
+                          assembly.build_checkpointer(store, llm, binding, registry, keep))
             if restore:
                 session._restore(None)
         except BaseException:
@@ -115,17 +114,13 @@ class Session:
         with self._lock:
             self._check_open()
             host = assembly.host_state(self._llm_parts, self._state)
-            epoch = self._ckpt.checkpoint(host, wait=wait, name=name)
-            if wait:
-                self._store.retain(self._keep)
-            return epoch
+            return self._ckpt.checkpoint(host, wait=wait, name=name)
 
     def flush(self) -> None:
         """Block until every checkpoint(wait=False) so far is durable."""
         with self._lock:
             self._check_open()
             self._ckpt.flush()
-            self._store.retain(self._keep)
 
     def rollback(self, epoch_or_name: int | str) -> int:
         """Restore an epoch in place (same buffers, no re-capture); returns the epoch."""

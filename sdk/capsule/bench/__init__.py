@@ -56,7 +56,12 @@ def _decode(opts: BenchOptions) -> SuiteResult:
     return run(opts)
 
 
-SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode})
+def _capsules(opts: BenchOptions) -> SuiteResult:
+    from .capsules import run
+    return run(opts)
+
+
+SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

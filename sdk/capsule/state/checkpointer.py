@@ -34,13 +34,17 @@ class Checkpointer:
     """Binds a Snapshotter to a Store; owns the background writer."""
 
     def __init__(self, store: Any, snapshotter: Snapshotter, binding: Binding,
-                 kv_state: Callable[[], tuple[set[int], set[int]]]):
+                 kv_state: Callable[[], tuple[set[int], set[int]]], *, keep_epochs: int):
         self.store = store
+        self.keep_epochs = keep_epochs
         self.snap = snapshotter
         self.binding = binding
         self._kv_state = kv_state            # () -> (dirty blocks, live blocks); clears the dirty log
         self._writer: BackgroundWriter | None = None
         self._next_epoch = (store.latest_epoch() or 0) + 1
+        # after a restore of an older epoch, the next capsule is a delta over that epoch, not
+        # over the newest one (whose pages the live state no longer has)
+        self._base: int | None = None
         self.last_bytes = 0
 
     # -- write --------------------------------------------------------------------------------
@@ -57,15 +61,17 @@ class Checkpointer:
         try:
             if wait:
                 self.flush()
-                got = self.store.write_epoch(pages, manifest, name=name, meta=info_meta).id
+                got = self.store.write_epoch(pages, manifest, name=name, meta=info_meta, base=self._base).id
                 if got != epoch:
                     raise StoreError(f"store assigned epoch {got}, session expected {epoch}")
+                self._maintain(got)
             else:
-                self._background().submit(epoch, pages, manifest, name, info_meta)
+                self._background().submit(epoch, pages, manifest, name, info_meta, self._base)
         except BaseException:
             self._resync()
             raise
         self._next_epoch = epoch + 1
+        self._base = None
         return epoch
 
     def flush(self) -> None:
@@ -83,8 +89,17 @@ class Checkpointer:
 
     def _background(self) -> BackgroundWriter:
         if self._writer is None:
-            self._writer = BackgroundWriter(self.store)
+            self._writer = BackgroundWriter(self.store, on_durable=self._maintain)
         return self._writer
+
+    def _maintain(self, epoch: int) -> None:
+        """Keep the store bounded: drop old epochs each commit, compact every keep_epochs epochs.
+
+        Runs on the writer thread for wait=False checkpoints (the store serializes access).
+        """
+        self.store.retain(self.keep_epochs)
+        if epoch % max(self.keep_epochs, 8) == 0:
+            self.store.compact()
 
     def _resync(self) -> None:
         # what failed was not committed: the next capsule must stand on its own
@@ -126,7 +141,8 @@ class Checkpointer:
         except (ValueError, KeyError, TypeError) as exc:
             raise CapsuleCorrupt(f"epoch {epoch}: host state is inconsistent ({exc})") from None
         # everything is verified: from here on the live state changes
-        self.snap.apply(pages, blobs, newest=epoch == self.store.latest_epoch())
+        self.snap.apply(pages, blobs)
+        self._base = None if epoch == self.store.latest_epoch() else epoch
         install_host()
         self._kv_state()  # the pool now equals the capsule: nothing is dirty
         return Restored(epoch, host, blobs, skipped)

@@ -122,7 +122,7 @@ class Snapshotter:
             blobs[key] = blob
         return blobs
 
-    def apply(self, pages: dict[str, dict[int, bytes]], blobs: dict[str, bytes], *, newest: bool) -> None:
+    def apply(self, pages: dict[str, dict[int, bytes]], blobs: dict[str, bytes]) -> None:
         """Write checked pages into the live buffers in place (storage never moves)."""
         kv_pages = pages.get(KV_REGION, {})
         if kv_pages:
@@ -140,6 +140,4 @@ class Snapshotter:
             self._digests[region.name] = [_digest(data[i:i + region.page_bytes])
                                           for i in range(0, len(data), region.page_bytes)]
         self._host = dict(blobs)
-        # after a fallback or rollback, newer epochs hold pages this state does not have:
-        # the next capsule must be complete on its own
-        self.full = not newest
+        self.full = False  # the live state now equals the capsule: the next one is a delta over it

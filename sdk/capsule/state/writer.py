@@ -28,10 +28,11 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._run, name="capsule-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, expected_epoch: int, pages: list, manifest: bytes, name: str | None, meta: dict) -> None:
+    def submit(self, expected_epoch: int, pages: list, manifest: bytes, name: str | None, meta: dict,
+               base: int | None) -> None:
         with self._cond:
             self._raise_pending()
-            self._queue.append((expected_epoch, pages, manifest, name, meta))
+            self._queue.append((expected_epoch, pages, manifest, name, meta, base))
             self._cond.notify_all()
 
     def flush(self) -> None:
@@ -72,8 +73,8 @@ class BackgroundWriter:
                 self._queue.clear()
                 self._busy = True
             try:
-                for expected, pages, manifest, name, meta in batch:
-                    got = self._store.stage_epoch(pages, manifest, name=name, meta=meta)
+                for expected, pages, manifest, name, meta, base in batch:
+                    got = self._store.stage_epoch(pages, manifest, name=name, meta=meta, base=base)
                     if got != expected:
                         raise StoreError(f"store assigned epoch {got}, session expected {expected}")
                 infos = self._store.sync()            # one fsync + one transaction for the batch

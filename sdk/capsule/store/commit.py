@@ -45,7 +45,8 @@ class Committer:
             epoch = (self._index.latest() or 0) + len(self.staged) + 1
             if name is not None and (self._index.by_name(name) is not None
                                      or any(s.info.name == name for s in self.staged)):
-                raise ValueError(f"epoch name {name!r} is already used by a retained epoch; names must be unique")
+                raise ValueError(f"epoch name {name!r} is already used by a retained epoch; "
+                                 f"names must be unique")
             aliases = self._base_rows(epoch, base, {(r, i) for r, i, _ in items})
         start, rows = self.writer.position(), []
         try:
@@ -55,8 +56,9 @@ class Committer:
             self.writer.flush()
         except OSError as exc:
             self._undo(start, exc, f"writing epoch {epoch}")
-        info = EpochInfo(epoch, name, time.time(), sum(r.length for r in rows) + man_ref.length, len(rows),  # type: ignore[arg-type]
-                         meta, epoch - 1 if base is None else base)
+        written = sum(r.length for r in rows) + man_ref.length  # type: ignore[operator]
+        info = EpochInfo(epoch, name, time.time(), written, len(rows), meta,
+                         epoch - 1 if base is None else base)
         staged = StagedEpoch(info, PageRef(None, None, epoch, man_ref.segment, man_ref.offset, man_ref.length),
                              tuple(rows + aliases), start)
         self.staged.append(staged)
@@ -64,10 +66,10 @@ class Committer:
 
     def _base_rows(self, epoch: int, base: int | None, written: set[tuple[str, int]]) -> list[PageRef]:
         """Index-only rows that make epoch's view = base's view + its pages (no bytes rewritten)."""
+        if base is not None and (isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < epoch):
+            raise ValueError(f"base must be 0 or an epoch before {epoch}, got {base!r}")
         if base is None or base == epoch - 1:
             return []
-        if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < epoch - 1:
-            raise ValueError(f"base must be 0 or an epoch before {epoch}, got {base!r}")
         if self.staged:
             raise ValueError("sync() the staged epochs before writing an epoch with an older base")
         if base and self._index.manifest_ref(base) is None:
@@ -137,7 +139,8 @@ class Committer:
             try:
                 self.reset_to_committed()
             except OSError as exc:
-                raise StoreIOError(f"store {self.path} still cannot cut uncommitted bytes: {reason(exc)}") from exc
+                raise StoreIOError(f"store {self.path} still cannot cut uncommitted bytes: "
+                                   f"{reason(exc)}") from exc
             self._poisoned = False
 
     def reset_to_committed(self) -> None:

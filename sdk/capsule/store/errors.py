@@ -36,11 +36,14 @@ class PageCorrupt(CapsuleCorrupt):
         self.epoch, self.region, self.index = epoch, region, index
         self.segment, self.offset, self.reason = segment, offset, reason
         self.loading = epoch if loading is None else loading
-        what = "manifest" if region is None else f"page {region}[{index}]"
-        super().__init__(
-            f"epoch {self.loading}: {what} written by epoch {epoch} (segment {segment:06d}, offset {offset}) "
-            f"is corrupt: {reason}. Older epochs that do not use this record may still load "
-            f"(Store.load_newest_valid); `capsule verify` lists all damage")
+        super().__init__(f"{self.summary}. Older epochs that do not use this record may still load "
+                         f"(Store.load_newest_valid); `capsule verify` lists all damage")
+
+    @property
+    def summary(self) -> str:
+        what = "manifest" if self.region is None else f"page {self.region}[{self.index}]"
+        return (f"epoch {self.loading}: {what} written by epoch {self.epoch} (segment {self.segment:06d}, "
+                f"offset {self.offset}) is corrupt: {self.reason}")
 
     def __reduce__(self):  # picklable across processes despite the keyword-only argument
         return (_rebuild_page_corrupt, (self.epoch, self.region, self.index, self.segment, self.offset,

@@ -40,6 +40,9 @@ def check_sqlite_header(path: Path) -> None:
         head = f.read(100)
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise IndexCorrupt(f"{path} is not an SQLite database (garbage or truncated header)")
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return  # after a crash mid-checkpoint the main file may be short; SQLite replays the WAL
     page_size = struct.unpack(">H", head[16:18])[0]
     page_size = 65536 if page_size == 1 else page_size
     pages, change, valid_for = struct.unpack(">I", head[28:32])[0], head[24:28], head[92:96]
@@ -145,7 +148,8 @@ class Index:
     def init_meta(self, values: dict[str, str]) -> None:
         with self.transaction("initializing the store") as c:
             c.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", values.items())
-            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                      (str(SCHEMA_VERSION),))
 
     # -- epochs -------------------------------------------------------------------------------
     def latest(self) -> int | None:
@@ -163,6 +167,8 @@ class Index:
         return rows[0][0] if rows else None
 
     def manifest_ref(self, epoch: int) -> PageRef | None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch < 1 << 63:
+            return None
         rows = self._query("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?", (epoch,))
         return PageRef(None, None, epoch, *rows[0]) if rows else None
 
@@ -185,8 +191,8 @@ class Index:
                           "VALUES (?,?,?,?,?,?,?,?,?,?)",
                           (e.id, e.name, e.created, e.bytes_written, e.n_pages, json.dumps(e.meta), e.base,
                            m.segment, m.offset, m.length))
-                c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? AND superseded IS NULL",
-                              [(e.id, r.region, r.index) for r in st.rows])
+                c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? "
+                              "AND superseded IS NULL", [(e.id, r.region, r.index) for r in st.rows])
                 c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
                               [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length)
                                for r in st.rows])
@@ -205,14 +211,15 @@ class Index:
         with self.transaction("dropping old epochs") as c:
             c.executemany("DELETE FROM epochs WHERE id = ?", [(e,) for e in dropped])
             kept = [r[0] for r in c.execute("SELECT id FROM epochs ORDER BY id")]
-            rows = c.execute("SELECT region, idx, epoch, superseded FROM pages WHERE superseded > ? AND epoch <= ?",
-                             (min(dropped), max(dropped))).fetchall()
+            rows = c.execute("SELECT region, idx, epoch, superseded FROM pages "
+                             "WHERE superseded > ? AND epoch <= ?", (min(dropped), max(dropped))).fetchall()
             dead = [(r, i, e) for r, i, e, s in rows if not _any_between(kept, e, s)]
             c.executemany("DELETE FROM pages WHERE region = ? AND idx = ? AND epoch = ?", dead)
             for region, idx in {(r, i) for r, i, _ in dead}:
                 # a tombstone with nothing older to hide is useless
                 c.execute("DELETE FROM pages WHERE region = ? AND idx = ? AND segment IS NULL AND epoch = "
-                          "(SELECT MIN(epoch) FROM pages WHERE region = ? AND idx = ?)", (region, idx, region, idx))
+                          "(SELECT MIN(epoch) FROM pages WHERE region = ? AND idx = ?)",
+                          (region, idx, region, idx))
 
     # -- segments / compaction -----------------------------------------------------------------
     def segments(self, state: str = "live") -> dict[int, int]:
@@ -224,10 +231,11 @@ class Index:
             return self._query("SELECT segment, offset, length FROM pages WHERE segment IS NOT NULL UNION "
                                "SELECT man_segment, man_offset, man_length FROM epochs ORDER BY 1, 2")
         return self._query("SELECT segment, offset, length FROM pages WHERE segment = ? UNION SELECT "
-                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? ORDER BY 1, 2",
-                           (segment, segment))
+                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? "
+                           "ORDER BY 1, 2", (segment, segment))
 
-    def repoint(self, moves: dict[tuple[int, int], tuple[int, int]], ends: dict[int, int], dead: list[int]) -> None:
+    def repoint(self, moves: dict[tuple[int, int], tuple[int, int]], ends: dict[int, int],
+                dead: list[int]) -> None:
         """Compaction's commit: rows follow their copied records; old segments become dead."""
         with self.transaction("committing compaction") as c:
             for (seg, off), (nseg, noff) in moves.items():

@@ -52,7 +52,8 @@ def check_pages(pages: Iterable[tuple[str, int, Any]]) -> list[Page]:
 
 def check_name(name: str | None) -> None:
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_EPOCH_NAME):
-        raise ValueError(f"epoch name must be a non-empty str of at most {MAX_EPOCH_NAME} characters, got {name!r}")
+        raise ValueError(f"epoch name must be a non-empty str of at most {MAX_EPOCH_NAME} characters, "
+                         f"got {name!r}")
     if isinstance(name, str) and name.isdigit():
         raise ValueError(f"epoch name {name!r} looks like an epoch id; pick a name with a letter in it")
 

@@ -20,8 +20,9 @@ def acquire(path: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
         os.close(fd)
-        raise StoreLocked(f"capsule store {path.parent} is open for writing in another process (pid {holder} "
-                          f"holds {path}); close that Session/process first, or use another store folder") from None
+        raise StoreLocked(f"capsule store {path.parent} is open for writing in another process (pid "
+                          f"{holder} holds {path}); close that Session/process first, or use another "
+                          f"store folder") from None
     except BaseException:
         os.close(fd)
         raise

@@ -13,7 +13,8 @@ from pathlib import Path
 from .index import Index
 from .info import PageRef, VerifyReport
 from .reader import check_record, check_ref
-from .records import KIND_MANIFEST, KIND_PAGE, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer, decode_record, parse_header
+from .records import (KIND_MANIFEST, KIND_PAGE, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
+                      decode_record, parse_header)
 from .segments import FileOps, SegmentReader, SegmentWriter, list_segment_files, segment_path
 
 
@@ -39,7 +40,10 @@ def delete_dead_segments(index: Index, fs: FileOps, folder: Path) -> None:
             continue  # retried at the next open / compaction
         gone.append(seg)
     if gone:
-        fs.fsync_dir(str(folder))
+        try:
+            fs.fsync_dir(str(folder))
+        except OSError:
+            return  # rows stay 'dead': the next open unlinks (no-op) and forgets them
         index.forget_segments(gone)
 
 
@@ -74,7 +78,7 @@ def compact(index: Index, writer: SegmentWriter, fs: FileOps, folder: Path, seal
                 moves[(seg, off)] = writer.append((blob,), len(blob))
                 copied += len(blob)
             done.append(seg)
-    sizes = {s: (segment_path(folder, s).stat().st_size if segment_path(folder, s).exists() else 0) for s in done}
+    sizes = {s: segment_path(folder, s).stat().st_size for s in done}  # read above: they exist
     ends = writer.sync()
     with lock:
         index.repoint(moves, ends, done)  # the commit point of compaction

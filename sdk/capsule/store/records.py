@@ -93,7 +93,8 @@ def check_segment_header(buf: Buffer, segment: int, signed: bool) -> None:
     if magic != SEGMENT_MAGIC or check != xxhash.xxh3_64_intdigest(bytes(buf[:16])):
         raise RecordError("segment header is damaged (bad magic or checksum)")
     if version != FORMAT_VERSION:
-        raise RecordError(f"segment format version {version} is not supported (this SDK reads {FORMAT_VERSION})")
+        raise RecordError(f"segment format version {version} is not supported "
+                          f"(this SDK reads {FORMAT_VERSION})")
     if seg_id != segment:
         raise RecordError(f"file holds segment {seg_id}, expected {segment} (renamed or copied file?)")
     if bool(flags & FLAG_SIGNED) != signed:

@@ -172,7 +172,8 @@ class SegmentWriter:
     def _rotate(self) -> None:
         self.flush()
         seg = self._next_seg
-        fd = self._fs.open(str(segment_path(self._dir, seg)), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        fd = self._fs.open(str(segment_path(self._dir, seg)), flags)
         self._fds[seg] = fd
         self._created.append(seg)
         self._next_seg = seg + 1

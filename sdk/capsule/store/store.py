@@ -6,8 +6,9 @@ committed end. See docs/FORMAT.md.
 
 Threading: a Store may be shared by threads. Writers (stage_epoch, sync, write_epoch, retain,
 compact, close) are serialized by a writer lock; readers (epochs, latest_epoch, resolve,
-load_epoch, load_newest_valid, stats) take only the state lock, so they never wait for an fsync.
-verify() holds both locks.
+load_epoch, load_newest_valid, stats) take only the state lock, which a writer holds just for
+its index transaction: readers never wait for record appends or segment fsyncs, and a long
+load delays only the next commit. verify() holds both locks.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from .segments import FileOps, SegmentReader, list_segment_files
 class Store:
     """A durable, crash-consistent, append-only page store (bytes in, bytes out). Use Store.open."""
 
-    def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int, lock_fd: int):
+    def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
+                 lock_fd: int):
         self.path, self._index, self._sealer, self._fs = path, index, sealer, fs
         self._seg_dir = path / "segments"
         self._lock_fd: int | None = lock_fd
@@ -51,10 +53,9 @@ class Store:
         sealer = Sealer(sign_key)
         if path.exists() and not path.is_dir():
             raise StoreError(f"store path {str(path)!r} is a regular file; give a folder path")
-        if not path.exists():
-            if not create:
-                raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
-            path.mkdir(mode=0o700, parents=True)
+        if not create and not (path / "index.sqlite").exists() and not (path / "segments").exists():
+            raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock_fd = lockfile.acquire(path / "LOCK")
         try:
             seg_dir = path / "segments"
@@ -189,14 +190,14 @@ class Store:
                         man, pages = read_epoch(segs, self._sealer, manifest, view, epoch)
                     except PageCorrupt as exc:
                         bad.add((exc.segment, exc.offset))
-                        skipped.append(f"epoch {epoch}: {exc}")
+                        skipped.append(exc.summary)
                         continue
                     return epoch, man, pages, skipped
         if not ids:
             return None
-        raise CapsuleCorrupt(f"store {self.path} holds {len(ids)} epochs ({ids[0]}..{ids[-1]}) and none is fully "
-                             f"valid; skipped: {' | '.join(skipped[:8])}. Keep a copy of the folder and run "
-                             f"`capsule verify`")
+        raise CapsuleCorrupt(f"store {self.path} holds {len(ids)} epochs ({ids[0]}..{ids[-1]}) and none is "
+                             f"fully valid; skipped: {' | '.join(skipped[:8])}. Keep a copy of the folder "
+                             f"and run `capsule verify`")
 
     # -- maintenance (see maintenance.py) ---------------------------------------------------------
     def retain(self, keep: int) -> int:
@@ -238,8 +239,9 @@ def _check_signing(path: Path, index: Index, sealer: Sealer) -> None:
     meta = index.get_meta()
     if "store_id" not in meta:  # a new store
         store_id = uuid.uuid4().hex
-        index.init_meta({"store_id": store_id, "format_version": str(FORMAT_VERSION), "created": str(time.time()),
-                         "signed": "1" if sealer.signed else "0", "key_check": sealer.key_check(store_id)})
+        index.init_meta({"store_id": store_id, "format_version": str(FORMAT_VERSION),
+                         "created": str(time.time()), "signed": "1" if sealer.signed else "0",
+                         "key_check": sealer.key_check(store_id)})
         os.chmod(path, 0o700)
         return
     if meta.get("format_version") != str(FORMAT_VERSION):
