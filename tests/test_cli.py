@@ -134,10 +134,43 @@ def test_bench_decode_writes_results(tmp_path, capsys):
     assert "| batch | graphs |" in (out_dir / "results.md").read_text()
 
 
+def _store_with_epochs(path):
+    from capsule import Session
+    with Session.open(path, device="cpu", runtime={"kv_pool_mb": 8, "max_context": 512}) as s:
+        s.append("user: bring me the red cup\n")
+        s.generate(4)
+        s.state = {"goal": "cup"}
+        s.checkpoint(name="start")
+        s.generate(4)
+        s.checkpoint()
+    return path
+
+
+def test_inspect_lists_epochs_fingerprints_and_streams(tmp_path, capsys):
+    store = _store_with_epochs(tmp_path / "s")
+    assert main(["inspect", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "2 epoch(s)" in out and "start" in out and "binding.model:" in out
+    assert "stream 'main':" in out and "app state keys: goal" in out
+
+
+def test_verify_reports_damage_with_a_nonzero_exit(tmp_path, capsys):
+    store = _store_with_epochs(tmp_path / "s")
+    assert main(["verify", str(store)]) == 0
+    assert "OK" in capsys.readouterr().out
+    seg = sorted((store / "segments").glob("*.seg"))[0]
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    assert main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "problem:" in out
+
+
 @pytest.mark.parametrize("verb", ["inspect", "verify"])
-def test_inspect_and_verify_are_honest_placeholders(verb, tmp_path, capsys):
-    assert main([verb, str(tmp_path)]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+def test_inspect_and_verify_need_an_existing_store(verb, tmp_path, capsys):
+    assert main([verb, str(tmp_path / "missing")]) == 1
+    assert "not a capsule store" in capsys.readouterr().err
 
 
 def test_no_command_prints_usage(capsys):

@@ -9,8 +9,6 @@ from typing import Sequence
 from ._version import __version__
 from .errors import CapsuleError
 
-PLACEHOLDER = "not implemented yet: arrives with the capsules issue"
-
 
 def _version_line() -> str:
     import torch
@@ -53,9 +51,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_placeholder(args: argparse.Namespace) -> int:
-    print(f"capsule {args.command}: {PLACEHOLDER}", file=sys.stderr)
-    return 2
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect import inspect_store
+
+    print(inspect_store(args.store))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .inspect import verify_store
+
+    ok, report = verify_store(args.store)
+    print(report)
+    return 0 if ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, default=None, help="timed decode steps per batch size")
     bench.set_defaults(func=_cmd_bench)
 
-    for verb, what in (("inspect", "list a store's epochs and regions"), ("verify", "check a store's records")):
-        p = sub.add_parser(verb, parents=[common], help=f"{what} ({PLACEHOLDER})")
+    for verb, what, func in (("inspect", "list a store's epochs, sizes, fingerprints and streams", _cmd_inspect),
+                             ("verify", "read and check every record (exit 1 on damage)", _cmd_verify)):
+        p = sub.add_parser(verb, parents=[common], help=what)
         p.add_argument("store", help="store folder")
-        p.set_defaults(func=_cmd_placeholder)
+        p.set_defaults(func=func)
     return parser
 
 
