@@ -37,5 +37,30 @@ fi
 echo "== capsule bench --suite decode --quick  (graph capture per bucket; step latency graphs on vs off)"
 timeout 100 "${CAPSULE[@]}" bench --suite decode --quick --out "${OUT:-bench-results}/gpu-check-decode-$(date +%Y%m%d-%H%M%S)"
 
+echo "== restore with graphs kept (in-place rollback) vs re-captured (fresh open)"
+timeout 90 "$PY" - <<'PYEOF'
+import tempfile, time
+import torch
+from capsule import Session
+rt = {"kv_pool_mb": 256, "max_context": 4096, "cuda_graphs": True}
+with tempfile.TemporaryDirectory() as d:
+    with Session.open(d + "/s", model="builtin:small", device="cuda", runtime=rt) as s:
+        s.append("robot log line with joint angles 0.1 0.2 0.3\n" * 250)
+        s.generate(2)
+        epoch = s.checkpoint()
+        s.generate(8)
+        torch.cuda.synchronize(); t = time.perf_counter()
+        s.rollback(epoch); s.generate(1)
+        torch.cuda.synchronize(); kept = time.perf_counter() - t
+        cap = s._engine.runner.capture_seconds
+    torch.cuda.synchronize(); t = time.perf_counter()
+    with Session.open(d + "/s", model="builtin:small", device="cuda", runtime=rt) as s:
+        s.generate(1)
+        torch.cuda.synchronize(); fresh = time.perf_counter() - t
+    print("capture s per bucket:", {b: round(v, 3) for b, v in cap.items()})
+    print(f"rollback + first token, graphs kept: {kept * 1e3:.1f} ms; "
+          f"fresh open + restore + re-capture + first token: {fresh * 1e3:.1f} ms")
+PYEOF
+
 echo "== capsule doctor"
 timeout 60 "${CAPSULE[@]}" doctor

@@ -28,8 +28,23 @@ def _digest(b: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(b)
 
 
-def _as_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+def to_host(t: torch.Tensor, side: "torch.cuda.Stream | None" = None) -> torch.Tensor:
+    """Host copy of t. On CUDA the copy goes into pinned memory on a side stream, so it waits
+    only for the work that wrote t, and the caller's stream is never blocked by staging."""
+    if t.device.type != "cuda":
+        return t.detach().contiguous()
+    side = side or torch.cuda.Stream(device=t.device)
+    side.wait_stream(torch.cuda.current_stream(t.device))   # the step that wrote t comes first
+    with torch.cuda.stream(side):
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        t.record_stream(side)                               # keep t alive until the copy ran
+    side.synchronize()
+    return host
+
+
+def _as_bytes(t: torch.Tensor, side: "torch.cuda.Stream | None" = None) -> bytes:
+    return to_host(t, side).view(torch.uint8).numpy().tobytes()
 
 
 class Snapshotter:
@@ -40,7 +55,8 @@ class Snapshotter:
         self.scratch = set(scratch_blocks)
         self._digests: dict[str, list[int]] = {}
         self._host: dict[str, bytes] = {}
-        self.full = True  # the next capture writes every live page (first epoch, after a rollback)
+        self.full = True  # the next capture writes every live page (first epoch, after a failed write)
+        self._side: "torch.cuda.Stream | None" = None       # staging stream, made on first CUDA use
 
     def saved_regions(self) -> list[Region]:
         return [r for r in self.registry if r.role not in ("output", "kv")]
@@ -66,12 +82,12 @@ class Snapshotter:
         pool = self.registry[KV_REGION].tensor                               # (L, 2, NB, bs, KV, hd)
         idx = torch.tensor(blocks, device=pool.device)
         # one gather and one device->host copy for all dirty blocks
-        picked = pool.index_select(2, idx).movedim(2, 0).contiguous().cpu()  # (n, L, 2, bs, KV, hd)
-        raw = picked.view(torch.uint8).numpy().reshape(len(blocks), -1)
+        picked = pool.index_select(2, idx).movedim(2, 0).contiguous()        # (n, L, 2, bs, KV, hd)
+        raw = to_host(picked, self._stream(pool)).view(torch.uint8).numpy().reshape(len(blocks), -1)
         return [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(blocks)]
 
     def _region_pages(self, region: Region) -> list[Page]:
-        data = _as_bytes(region.tensor)
+        data = _as_bytes(region.tensor, self._stream(region.tensor))
         size = region.page_bytes
         old = self._digests.get(region.name, [])
         new, out = [], []
@@ -93,6 +109,11 @@ class Snapshotter:
                 out.append((f"host/{key}", i, blob[lo:hi]))
         self._host[key] = blob
         return out
+
+    def _stream(self, t: torch.Tensor) -> "torch.cuda.Stream | None":
+        if t.device.type == "cuda" and self._side is None:
+            self._side = torch.cuda.Stream(device=t.device)
+        return self._side
 
     # -- restore ------------------------------------------------------------------------------
     def check(self, pages: dict[str, dict[int, bytes]], blob_sizes: dict[str, int]) -> dict[str, bytes]:
