@@ -9,6 +9,7 @@ in order and assembles settings, results, targets and tables.
 """
 from __future__ import annotations
 
+import os
 import platform
 import tempfile
 from pathlib import Path
@@ -42,6 +43,9 @@ NOTES = (
     "dirty_page_bytes: KV blocks the new positions landed in x page bytes + host/region pages that changed; "
     "a 16-token block page is rewritten whole when 8 tokens land in it",
     "the 100 Hz loop runs builtin:tiny whatever --model says; stall = time inside checkpoint(wait=False)",
+    "a 1-min load average above usable_cores means other processes competed for the CPU during the run: "
+    "torch's spinning threads then slow compute-heavy runs (the cold path most), so each context also "
+    "reports the ratio of the best runs",
 )
 
 
@@ -51,11 +55,20 @@ def _contexts(opts: BenchOptions) -> tuple[int, ...]:
     return QUICK_CONTEXTS if opts.quick else CONTEXTS
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _restore_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     at_4k = next((r for r in rows if r["target_tokens"] == 4096), None)
     return {"contexts": rows, "target_ratio_at_4096": TARGET_RATIO_4K,
             "ratio_at_4096": at_4k["ratio"] if at_4k else None,
-            "target_met": at_4k["ratio"] >= TARGET_RATIO_4K if at_4k else None}
+            "ratio_of_min_at_4096": at_4k["ratio_of_min"] if at_4k else None,
+            "target_met": at_4k["ratio"] >= TARGET_RATIO_4K if at_4k else None,
+            "target_met_best_runs": at_4k["ratio_of_min"] >= TARGET_RATIO_4K if at_4k else None}
 
 
 def _throughput(largest: dict[str, Any], disk: dict[str, Any]) -> dict[str, Any]:
@@ -81,8 +94,10 @@ def _targets(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, An
     def met(flag: bool | None) -> str:
         return "n/a" if flag is None else ("yes" if flag else "NO")
     amp = delta["write_amplification_max"]
-    return [{"target": "restore >= 20x cold at 4K", "measured": restore["ratio_at_4096"],
+    return [{"target": "restore >= 20x cold at 4K (medians)", "measured": restore["ratio_at_4096"],
              "met": met(restore["target_met"])},
+            {"target": "restore >= 20x cold at 4K (best runs)", "measured": restore["ratio_of_min_at_4096"],
+             "met": met(restore["target_met_best_runs"])},
             {"target": "write amplification <= 1.2x dirty (max over epochs)", "measured": amp,
              "met": met(amp <= TARGET_WRITE_AMP)},
             {"target": "p99 added stall < 1 ms", "measured": stall["added_stall_p99_ms"],
@@ -90,10 +105,13 @@ def _targets(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, An
 
 
 def _tables(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, Any], tput: dict[str, Any],
-            fsync: dict[str, Any], targets: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+            fsync: dict[str, Any], targets: list[dict[str, Any]], load: dict[str, float]
+            ) -> dict[str, list[dict[str, Any]]]:
     ms = 1e3
     main = [{"tokens": r["context_tokens"], "cold_ms": r["cold_s"] * ms, "restore_ms": r["restore_s"] * ms,
-             "cold/restore": r["ratio"]} for r in restore["contexts"]]
+             "cold/restore": r["ratio"], "best_cold_ms": r["cold_min_s"] * ms,
+             "best_restore_ms": r["restore_min_s"] * ms, "best_ratio": r["ratio_of_min"]}
+            for r in restore["contexts"]]
     parts = [{"tokens": r["context_tokens"], "cold_open_ms": r["cold_open_s"] * ms,
               "cold_tokenize_ms": r["cold_tokenize_s"] * ms, "cold_prefill_ms": r["cold_prefill_first_token_s"] * ms,
               "restore_open_ms": r["restore_open_s"] * ms, "of_which_restore_ms": r["restore_in_open_s"] * ms,
@@ -124,6 +142,7 @@ def _tables(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, Any
             "checkpoint(wait=False) stall, 100 Hz loop, builtin:tiny": loop,
             f"read throughput at {tput['context_tokens']} tokens (MB/s)": disk,
             f"fsync: append {fsync['append_kb']} KB + fdatasync": [fsync],
+            "1-min load average (other processes compete for the CPU)": [load],
             "targets": targets}
 
 
@@ -137,6 +156,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     start = max((c for c in contexts if c <= DELTA_CONTEXT), default=contexts[0])
     with tempfile.TemporaryDirectory(prefix="capsule-bench-") as tmp:
         work = Path(tmp)
+        load = {"usable_cores": _usable_cores(), "start": os.getloadavg()[0]}
         with Session.open(work / "probe", model=opts.model, device=opts.device, runtime=RUNTIME,
                           restore=False) as s:  # tokenizer and layout; materializes a builtin once
             tokenizer, pool = s.tokenizer, s.registry["kv_pool"]
@@ -156,6 +176,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         rows, stores = measure_restore(tokenizer, contexts, reps, work, opts.model, opts.device, RUNTIME,
                                        opts.progress)
         restore = _restore_summary(rows)
+        load["after_restore_runs"] = os.getloadavg()[0]
         with Session.open(stores[start], model=opts.model, device=opts.device, runtime=RUNTIME) as s:
             epochs = measure_delta(s, delta_steps, NEW_TOKENS, opts.progress)
         delta = {**summarize_delta(epochs), "start_context": start, "per_epoch": epochs}
@@ -165,8 +186,9 @@ def run(opts: BenchOptions) -> SuiteResult:
                                     LOOP_WARMUP, opts.progress))
         tput = _throughput(rows[-1], sequential_bandwidth(work, disk_mb))
         fsync = fsync_latency(work)
+        load["end"] = os.getloadavg()[0]
     targets = _targets(restore, delta, stall)
     results = {"restore": restore, "delta": delta, "stall": stall, "throughput": tput, "fsync": fsync,
-               "targets": targets}
+               "targets": targets, "load_avg_1min": load}
     return SuiteResult(settings=settings, results=results,
-                       tables=_tables(restore, delta, stall, tput, fsync, targets))
+                       tables=_tables(restore, delta, stall, tput, fsync, targets, load))

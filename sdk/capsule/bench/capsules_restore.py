@@ -121,6 +121,9 @@ def _row(n: int, cold: list[dict[str, Any]], warm: list[dict[str, Any]], store: 
     return {"context_tokens": cold[0]["tokens"] - 1,  # the transcript; the child added one generated token
             "target_tokens": n,
             "cold_s": cold_s, "restore_s": restore_s, "ratio": cold_s / restore_s,
+            # best runs: the least disturbed by other load on a shared machine
+            "cold_min_s": min(r["total_s"] for r in cold), "restore_min_s": min(r["total_s"] for r in warm),
+            "ratio_of_min": min(r["total_s"] for r in cold) / min(r["total_s"] for r in warm),
             "cold_open_s": _med(cold, "open_s"), "cold_tokenize_s": _med(cold, "append_s"),
             "cold_prefill_first_token_s": _med(cold, "first_token_s"),
             "restore_open_s": _med(warm, "open_s"), "restore_in_open_s": _med(warm, "restore_s"),
