@@ -145,3 +145,12 @@ def test_retention_keeps_the_store_bounded_and_exact(tmp_path, wait):
     with Session.open(tmp_path / "s", device="cpu", runtime=RT, keep_epochs=3) as s:
         assert s.restored_epoch == 30 and s.tokens() == want
         assert s.rollback(28) == 28 and len(s.tokens()) == len(want) - 8
+
+
+def test_checkpoint_refuses_a_mutated_non_json_state(tmp_path):
+    with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
+        s.state["pose"] = object()
+        with pytest.raises(ValueError, match="JSON"):
+            s.checkpoint()
+        s.state = {"pose": [0.1, 0.2]}
+        assert s.checkpoint() == 1

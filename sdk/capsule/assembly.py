@@ -4,6 +4,7 @@ Kept apart from session.py so the Session class reads as its public API only.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,10 @@ def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
 
 
 def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:
+    try:  # s.state is a plain dict the app may have mutated since it was set
+        json.dumps(app_state, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"Session.state must stay JSON-serializable to be checkpointed: {exc}") from None
     meta, blobs = export_streams(llm.engine) if llm else ([], {})
     return {"streams": meta, "app_state": app_state}, blobs
 
