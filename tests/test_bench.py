@@ -64,7 +64,7 @@ def test_registry_is_read_only_and_rejects_unknown_suites(tmp_path):
     assert "decode" in SUITES
     with pytest.raises(TypeError):
         SUITES["x"] = None  # type: ignore[index]
-    with pytest.raises(ValueError, match="available: decode"):
+    with pytest.raises(ValueError, match=r"available:.*decode"):
         run_suite("nope", BenchOptions(), tmp_path)
 
 

@@ -20,7 +20,7 @@ import torch
 from ..session import Session
 from . import BenchOptions, SuiteResult
 from .capsules_delta import control_loop, measure_delta, summarize_delta
-from .capsules_disk import fsync_latency, sequential_bandwidth
+from .capsules_disk import filesystem_of, fsync_latency, sequential_bandwidth
 from .capsules_restore import SOURCE_MODULES, measure_restore
 
 CONTEXTS, QUICK_CONTEXTS, TINY_CONTEXTS = (1024, 2048, 4096, 8192), (1024, 4096), (256, 1024)
@@ -171,6 +171,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                          "delta_start_context": start, "delta_steps": delta_steps, "new_tokens_per_step": NEW_TOKENS,
                          "loop_model": "builtin:tiny", "loop_steps": loop_steps, "loop_period_ms": LOOP_PERIOD_S * 1e3,
                          "loop_warmup_steps": LOOP_WARMUP, "disk_file_mb": disk_mb, "temp_dir": tmp,
+                         "temp_filesystem": filesystem_of(work),
                          "torch_threads": torch.get_num_threads(), "notes": list(NOTES)})
 
         rows, stores = measure_restore(tokenizer, contexts, reps, work, opts.model, opts.device, RUNTIME,

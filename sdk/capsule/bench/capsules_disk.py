@@ -16,6 +16,18 @@ from .timing import percentile
 CHUNK = 1 << 20  # 1 MiB reads and writes; O_DIRECT needs an aligned buffer (mmap gives page alignment)
 
 
+def filesystem_of(path: Path) -> str | None:
+    """The filesystem type of the mount holding path (Linux /proc/mounts), e.g. ext4 or tmpfs."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best = max((m for m in mounts if target == m[0] or target.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=None)
+    return best[1] if best else None
+
+
 def _read_all(fd: int, buf: Any) -> int:
     total = 0
     while True:
