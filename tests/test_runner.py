@@ -123,3 +123,12 @@ def test_cuda_graph_replay_equals_eager():
     eager = graphs.decode([_row(t, i) for t, i in zip(tables, ids)])
     torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)
     assert (graphs.input_ids.data_ptr(), pool.tensor.data_ptr()) == ptrs
+
+
+def test_blocks_are_zeroed_when_handed_out(tiny):
+    pool = KVPool(tiny.cfg, pool_bytes=1 << 20, block_size=16, dtype=torch.float32, device="cpu")
+    pool.tensor.fill_(float("nan"))                 # what uninitialized memory may hold
+    t = BlockTable(pool)
+    t.ensure_capacity(40)
+    assert t.blocks == [1, 2, 3] and pool.dirty == {1, 2, 3}
+    assert pool.tensor[:, :, [1, 2, 3]].eq(0).all() and pool.tensor[:, :, 4].isnan().all()

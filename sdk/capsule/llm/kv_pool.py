@@ -32,8 +32,11 @@ class KVPool:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
-        self.tensor = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
+        # not zeroed as a whole: opening stays O(1) in the pool size. A block is zeroed when it is
+        # handed out (attention multiplies masked slots by 0, and 0 * NaN-garbage would be NaN)
+        self.tensor = torch.empty(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
                                   cfg.head_dim, dtype=dtype, device=device)
+        self.tensor[:, :, SCRATCH_BLOCK].zero_()
         self._free = list(range(1, num_blocks))  # a heap: lowest id first, so runs are reproducible
         # blocks written since the last checkpoint: KV is append-only per stream, so the
         # checkpointer learns the delta from here instead of scanning the pool
@@ -52,7 +55,11 @@ class KVPool:
             raise CapacityError(f"KV pool is full: need {n} more block(s) of {self.block_size} tokens, "
                                 f"{len(self._free)} free of {self.num_blocks - 1}; raise runtime.kv_pool_mb "
                                 "or shorten the streams")
-        return [heapq.heappop(self._free) for _ in range(n)]
+        blocks = [heapq.heappop(self._free) for _ in range(n)]
+        if blocks:
+            self.tensor.index_fill_(2, torch.tensor(blocks, device=self.tensor.device), 0)
+            self.dirty.update(blocks)  # zeroed content is state too: the next capsule carries it
+        return blocks
 
     def release(self, blocks: list[int]) -> None:
         for b in blocks:

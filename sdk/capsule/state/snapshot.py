@@ -10,6 +10,7 @@ Not thread-safe: the checkpointer calls it from the session's thread.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterable
 
 import numpy as np
@@ -22,6 +23,13 @@ from .regions import Region, RegionRegistry
 HOST_PAGE = 4096
 KV_REGION = "kv_pool"
 Page = tuple[str, int, bytes]
+
+
+def _frombuffer(page: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A read-only tensor view of a page (only ever copied from, never written)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns that bytes are not writable
+        return torch.frombuffer(page, dtype=dtype)
 
 
 def _digest(b: bytes | memoryview) -> int:
@@ -110,6 +118,22 @@ class Snapshotter:
         self._host[key] = blob
         return out
 
+    def _apply_kv(self, kv_pages: dict[int, bytes]) -> None:
+        pool = self.registry[KV_REGION].tensor                              # (L, 2, NB, bs, KV, hd)
+        block_shape = (*pool.shape[:2], *pool.shape[3:])                   # (L, 2, bs, KV, hd)
+        blocks = sorted(kv_pages)
+        if pool.device.type == "cpu":
+            # straight from the read buffers into the pool: one copy per block, no staging
+            for b in blocks:
+                pool[:, :, b].copy_(_frombuffer(kv_pages[b], pool.dtype).view(block_shape))
+            return
+        # CUDA: gather into one pinned buffer, then a single upload and scatter
+        host = torch.empty((len(blocks), *block_shape), dtype=pool.dtype, pin_memory=True)
+        for i, b in enumerate(blocks):
+            host[i].copy_(_frombuffer(kv_pages[b], pool.dtype).view(block_shape))
+        idx = torch.tensor(blocks, device=pool.device)
+        pool.index_copy_(2, idx, host.to(pool.device, non_blocking=True).movedim(0, 2))
+
     def _stream(self, t: torch.Tensor) -> "torch.cuda.Stream | None":
         if t.device.type == "cuda" and self._side is None:
             self._side = torch.cuda.Stream(device=t.device)
@@ -147,12 +171,7 @@ class Snapshotter:
         """Write checked pages into the live buffers in place (storage never moves)."""
         kv_pages = pages.get(KV_REGION, {})
         if kv_pages:
-            pool = self.registry[KV_REGION].tensor
-            blocks = sorted(kv_pages)
-            shape = (len(blocks), *pool.shape[:2], *pool.shape[3:])        # (n, L, 2, bs, KV, hd)
-            raw = np.frombuffer(b"".join(kv_pages[b] for b in blocks), dtype=np.uint8)
-            host = torch.from_numpy(raw.copy()).view(pool.dtype).view(shape)
-            pool.index_copy_(2, torch.tensor(blocks, device=pool.device), host.movedim(0, 2).to(pool.device))
+            self._apply_kv(kv_pages)
         for region in self.saved_regions():
             got = pages[region.name]
             data = b"".join(got[i] for i in range(len(got)))
