@@ -1,7 +1,6 @@
 """load_model: HF folders (single and sharded), builtin presets, and damaged inputs."""
 from __future__ import annotations
 
-import json
 import struct
 
 import pytest

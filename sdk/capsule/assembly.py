@@ -4,6 +4,7 @@ Kept apart from session.py so the Session class reads as its public API only.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -14,9 +15,10 @@ import torch
 
 import devices
 
-from .errors import TokenizerError, VocabMismatch
+from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
-from .llm.engine import Engine, export_streams, import_streams
+from .llm.engine import Engine
+from .llm.streams import export_streams, import_streams
 from .state.binding import Binding
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
@@ -63,9 +65,15 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
 
 def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: RegionRegistry) -> Binding:
     rt = profile.runtime
-    layout = {"regions": registry.layout(), "block_size": rt.block_size,
-              "buckets": list(rt.batch_buckets), "max_context": rt.max_context}
-    return Binding.of(model=llm.info.weights_digest if llm else "none",
+    # settings that change numerics are bound too: graphs attend over every block, eager over
+    # those in use; the prefill chunking changes reduction order
+    layout = {"regions": registry.layout(), "block_size": rt.block_size, "buckets": list(rt.batch_buckets),
+              "max_context": rt.max_context, "cuda_graphs": rt.cuda_graphs, "prefill_chunk": rt.prefill_chunk}
+    model = "none"
+    if llm:  # the weights and the config that says what they mean (rope, norms)
+        cfg = llm.engine.runner.model.cfg.fingerprint()
+        model = hashlib.sha256(f"{llm.info.weights_digest}:{cfg}".encode()).hexdigest()
+    return Binding.of(model=model,
                       tokenizer=llm.tokenizer.fingerprint if llm else "none",
                       layout=layout, dtype=rt.dtype, device_class=profile.device)
 
@@ -83,11 +91,20 @@ def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
     return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs)
 
 
-def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:
-    try:  # s.state is a plain dict the app may have mutated since it was set
-        json.dumps(app_state, allow_nan=False)
+def check_app_state(value: object) -> dict:
+    """The app's state must come back from a capsule exactly as it was saved."""
+    try:
+        exact = isinstance(value, dict) and json.loads(json.dumps(value, allow_nan=False)) == value
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"Session.state must stay JSON-serializable to be checkpointed: {exc}") from None
+        raise ValueError(f"Session.state must be JSON-serializable: {exc}") from None
+    if not exact:
+        raise ValueError("Session.state must be a dict that survives JSON unchanged (str keys; lists, "
+                         "not tuples), so a restore gives back exactly what was saved")
+    return dict(value)
+
+
+def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:
+    check_app_state(app_state)  # s.state is a plain dict the app may have mutated since it was set
     meta, blobs = export_streams(llm.engine) if llm else ([], {})
     return {"streams": meta, "app_state": app_state}, blobs
 
@@ -108,4 +125,7 @@ def host_loader(llm: LLMParts | None, set_app_state: Callable[[dict], None]):
 
 
 def open_store(path: Path, sign_key: bytes | None) -> Any:
-    return Store.open(path, create=True, sign_key=sign_key)
+    try:
+        return Store.open(path, create=True, sign_key=sign_key)
+    except OSError as exc:
+        raise StoreError(f"cannot open store {str(path)!r}: {exc.strerror or exc}") from None

@@ -5,7 +5,6 @@ Several Sessions may live in one process (they share only read-only vocabularies
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -132,6 +131,7 @@ class Session:
         """Committed epochs, oldest first (id, name, created, bytes_written, n_pages, meta)."""
         with self._lock:
             self._check_open()
+            self._ckpt.flush()  # list what is durable, after the queued epochs and their retention
             return self._store.epochs()
 
     def _restore(self, epoch_or_name: int | str | None) -> int | None:
@@ -163,6 +163,8 @@ class Session:
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise ValueError(f"seed must be an int in 0..2**63-1 or None, got {seed!r}")
         params = SamplingParams(float(temperature), float(top_p))
         names = [stream] if isinstance(stream, str) else list(stream)
         if len(set(names)) != len(names) or not names:
@@ -201,11 +203,7 @@ class Session:
         self._set_state(value)
 
     def _set_state(self, value: Mapping[str, Any]) -> None:
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"Session.state must be JSON-serializable: {exc}") from None
-        self._state = dict(value)
+        self._state = assembly.check_app_state(value)
 
     # -- internals --------------------------------------------------------------------------
     def _check_open(self) -> None:

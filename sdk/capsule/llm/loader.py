@@ -67,9 +67,12 @@ def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
     if not cfg_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
     try:
-        cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
-    except json.JSONDecodeError as exc:
+        raw = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{cfg_path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{cfg_path} must hold a JSON object, not {type(raw).__name__}")
+    cfg = ModelConfig.from_hf(raw)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -40,6 +40,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         header = json.loads(bytes(mapped[8:8 + header_len]))
     except ValueError as exc:
         raise ModelLoadError(f"{path}: header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: header is not a JSON object")
     base = 8 + header_len
     tensors: dict[str, torch.Tensor] = {}
     for name, meta in header.items():
@@ -54,7 +56,7 @@ def _view(path: Path, mapped: mmap.mmap, base: int, size: int, name: str, meta: 
         dtype = _DTYPES[meta["dtype"]]
         shape = [int(d) for d in meta["shape"]]
         start, end = (int(o) for o in meta["data_offsets"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise ModelLoadError(f"{path}: tensor {name!r} has a malformed header entry {meta!r}") from None
     numel = 1
     for d in shape:

@@ -133,6 +133,10 @@ class Committer:
         raise StoreIOError(f"{what} failed in store {self.path}: {reason(exc)}.{lost}{note} Committed epochs "
                            f"are intact and the store stays usable.") from exc
 
+    def poison(self) -> None:
+        """Uncommitted bytes could not be cut: the next write must cut them first."""
+        self._poisoned = True
+
     def heal(self) -> None:
         """Before writing after a failed cleanup: cut the uncommitted bytes now (or raise again)."""
         if self._poisoned:

@@ -119,6 +119,19 @@ class Store:
             self._check_open()
             return self._commit.sync()
 
+    def discard_staged(self) -> list[int]:
+        """Drop staged, unsynced epochs and cut their bytes (a writer whose batch failed midway
+        must not leave half a batch staged for the next sync to commit). Returns their ids."""
+        with self._wlock:
+            ids = [s.info.id for s in self._commit.staged]
+            if ids:
+                self._commit.staged.clear()
+                try:
+                    self._commit.reset_to_committed()
+                except OSError:
+                    self._commit.poison()   # the next write cuts them first, or raises
+            return ids
+
     def _recover(self) -> None:
         with self._lock:
             maintenance.delete_dead_segments(self._index, self._fs, self._seg_dir)
