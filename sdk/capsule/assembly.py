@@ -49,7 +49,9 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
         else:
             raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
                                  "'qwen2.5' or a tokenizer.json / .tiktoken path)")
-    tok = load_reference(tokenizer)
+    # no background encoder build during open: it would hold the GIL while the capsule restores.
+    # The encoder is built on the first append, or prefetched after the first generate
+    tok = load_reference(tokenizer, prefetch=False)
     dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
     decoder, info = load_model(source, device=dev, dtype=DTYPES[rt.dtype], vocab_size=tok.vocab_size)
     if decoder.cfg.vocab_size <= tok.max_id:

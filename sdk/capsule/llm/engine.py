@@ -69,6 +69,9 @@ class Engine:
             # ids and text move together even when a step fails midway
             for s in streams:
                 s.text += out[s.name].decode("utf-8", errors="replace")
+        # a session restored from a capsule has not needed the encoder yet: build it while the
+        # robot acts on this reply, so the next append does not pay for it
+        self.tokenizer.prefetch()
         eos = set(self.tokenizer.eos_ids)
         return {s.name: _cut_at_stop(out[s.name].decode("utf-8", errors="replace"), stop, self.tokenizer,
                                      s.ids[-1] in eos) for s in streams}

