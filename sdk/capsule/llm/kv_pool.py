@@ -14,8 +14,9 @@ SCRATCH_BLOCK = 0  # never handed out: padded batch rows write their K/V here
 class KVPool:
     """K and V of every layer for `num_blocks` blocks of `block_size` tokens.
 
-    tensor: (L, 2, num_blocks, block_size, KV, hd). Allocated once; its storage never changes,
-    so captured graphs and checkpoint restores can both rely on its address.
+    tensor: (num_blocks, L, 2, block_size, KV, hd), block-major: a block is one contiguous
+    byte range, so a checkpoint page is a plain slice and a restore one memcpy per block.
+    Allocated once; its storage never changes, so captured graphs and restores can rely on it.
     """
 
     def __init__(self, cfg: ModelConfig, *, pool_bytes: int, block_size: int,
@@ -34,9 +35,9 @@ class KVPool:
         self.block_bytes = block_bytes
         # not zeroed as a whole: opening stays O(1) in the pool size. A block is zeroed when it is
         # handed out (attention multiplies masked slots by 0, and 0 * NaN-garbage would be NaN)
-        self.tensor = torch.empty(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
+        self.tensor = torch.empty(num_blocks, cfg.num_layers, 2, block_size, cfg.num_kv_heads,
                                   cfg.head_dim, dtype=dtype, device=device)
-        self.tensor[:, :, SCRATCH_BLOCK].zero_()
+        self.tensor[SCRATCH_BLOCK].zero_()
         self._free = list(range(1, num_blocks))  # a heap: lowest id first, so runs are reproducible
         # blocks written since the last checkpoint: KV is append-only per stream, so the
         # checkpointer learns the delta from here instead of scanning the pool
@@ -57,7 +58,7 @@ class KVPool:
                                 "or shorten the streams")
         blocks = [heapq.heappop(self._free) for _ in range(n)]
         if blocks:
-            self.tensor.index_fill_(2, torch.tensor(blocks, device=self.tensor.device), 0)
+            self.tensor.index_fill_(0, torch.tensor(blocks, device=self.tensor.device), 0)
             self.dirty.update(blocks)  # zeroed content is state too: the next capsule carries it
         return blocks
 

@@ -97,7 +97,7 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (B, T); slot_mapping: (B*T,); block_tables: (B, nb);
-        kv_pool: (L, 2, NB, bs, KV, hd). Returns the final normed hidden states (B, T, D)."""
+        kv_pool: (NB, L, 2, bs, KV, hd). Returns the final normed hidden states (B, T, D)."""
         cfg = self.cfg
         B, T = input_ids.shape
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -111,8 +111,9 @@ class Decoder(nn.Module):
             v = F.linear(h, lw.v, lw.v_bias)
             q = apply_rope(q.view(B * T, H, hd), cos, sin)                     # (N, H, hd)
             k = apply_rope(k.view(B * T, KV, hd), cos, sin)                    # (N, KV, hd)
-            write_kv(kv_pool[i, 0], kv_pool[i, 1], slot_mapping, k, v.view(B * T, KV, hd))
-            att = paged_attention(q.view(B, T, H, hd), kv_pool[i, 0], kv_pool[i, 1],
+            k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
+            write_kv(k_cache, v_cache, slot_mapping, k, v.view(B * T, KV, hd))
+            att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache,
                                   block_tables, positions, self.scale)         # (B, T, H, hd)
             x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
             h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)

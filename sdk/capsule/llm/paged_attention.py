@@ -14,12 +14,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
              k: torch.Tensor, v: torch.Tensor) -> None:
     """Scatter new keys/values into their slots (slot = block * block_size + offset).
 
-    k_cache, v_cache: (NB, bs, KV, hd) views of one layer; k, v: (N, KV, hd); slot_mapping: (N,).
-    Padded batch rows point at slots of the reserved scratch block 0.
+    k_cache, v_cache: (NB, bs, KV, hd) views of one layer (strided: the pool is block-major);
+    k, v: (N, KV, hd); slot_mapping: (N,). Padded batch rows point at the scratch block 0.
     """
-    n_slots = k_cache.shape[0] * k_cache.shape[1]
-    k_cache.view(n_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(n_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    bs = k_cache.shape[1]
+    block = torch.div(slot_mapping, bs, rounding_mode="floor")
+    offset = slot_mapping - block * bs
+    k_cache.index_put_((block, offset), k)
+    v_cache.index_put_((block, offset), v)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -55,8 +55,8 @@ class GraphRunner:
         self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
                                        device=dev)                                     # (B, nb)
         self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
-        # a "kv" region's page i is block i of every layer (tensor[:, :, i]), so the
-        # checkpointer's dirty set is a set of block ids taken from the block tables
+        # the pool's page i is block i (one contiguous byte range); the checkpointer takes the
+        # dirty set from the pool's write log instead of comparing pages
         registry.register("kv_pool", pool.tensor, "kv", page_bytes=pool.block_bytes)
         for name, buf, role in (("decode.input_ids", self.input_ids, "input"),
                                 ("decode.positions", self.positions, "input"),

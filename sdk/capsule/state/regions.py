@@ -18,8 +18,8 @@ ROLES = ("kv", "input", "output", "sampling", "policy", "rng")
 class Region:
     """One registered buffer. `role` says what it holds; `page_bytes` how the checkpointer splits it.
 
-    Pages are byte ranges of the tensor, except for role "kv": the paged pool's page i is
-    block i of every layer (tensor[:, :, i]), whose size is `page_bytes`.
+    Pages are consecutive byte ranges of `page_bytes`. For role "kv" (the block-major paged
+    pool) page i is block i, and which pages changed comes from the pool's write log.
     """
 
     name: str

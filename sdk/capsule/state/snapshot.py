@@ -10,7 +10,6 @@ Not thread-safe: the checkpointer calls it from the session's thread.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Iterable
 
 import numpy as np
@@ -23,13 +22,6 @@ from .regions import Region, RegionRegistry
 HOST_PAGE = 4096
 KV_REGION = "kv_pool"
 Page = tuple[str, int, bytes]
-
-
-def _frombuffer(page: bytes, dtype: torch.dtype) -> torch.Tensor:
-    """A read-only tensor view of a page (only ever copied from, never written)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch warns that bytes are not writable
-        return torch.frombuffer(page, dtype=dtype)
 
 
 def _digest(b: bytes | memoryview) -> int:
@@ -87,10 +79,10 @@ class Snapshotter:
     def _kv_pages(self, blocks: list[int]) -> list[Page]:
         if not blocks:
             return []
-        pool = self.registry[KV_REGION].tensor                               # (L, 2, NB, bs, KV, hd)
+        pool = self.registry[KV_REGION].tensor                               # (NB, L, 2, bs, KV, hd)
         idx = torch.tensor(blocks, device=pool.device)
         # one gather and one device->host copy for all dirty blocks
-        picked = pool.index_select(2, idx).movedim(2, 0).contiguous()        # (n, L, 2, bs, KV, hd)
+        picked = pool.index_select(0, idx)                                   # (n, L, 2, bs, KV, hd)
         raw = to_host(picked, self._stream(pool)).view(torch.uint8).numpy().reshape(len(blocks), -1)
         return [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(blocks)]
 
@@ -119,20 +111,21 @@ class Snapshotter:
         return out
 
     def _apply_kv(self, kv_pages: dict[int, bytes]) -> None:
-        pool = self.registry[KV_REGION].tensor                              # (L, 2, NB, bs, KV, hd)
-        block_shape = (*pool.shape[:2], *pool.shape[3:])                   # (L, 2, bs, KV, hd)
+        pool = self.registry[KV_REGION].tensor                              # (NB, L, 2, bs, KV, hd)
         blocks = sorted(kv_pages)
         if pool.device.type == "cpu":
-            # straight from the read buffers into the pool: one copy per block, no staging
+            # straight from the mapped segment into the pool: one memcpy per contiguous block
+            dst = pool.view(pool.shape[0], -1).view(torch.uint8).numpy()     # (NB, block bytes)
             for b in blocks:
-                pool[:, :, b].copy_(_frombuffer(kv_pages[b], pool.dtype).view(block_shape))
+                dst[b] = np.frombuffer(kv_pages[b], dtype=np.uint8)
             return
         # CUDA: gather into one pinned buffer, then a single upload and scatter
-        host = torch.empty((len(blocks), *block_shape), dtype=pool.dtype, pin_memory=True)
+        host = torch.empty((len(blocks), *pool.shape[1:]), dtype=pool.dtype, pin_memory=True)
+        staging = host.view(len(blocks), -1).view(torch.uint8).numpy()
         for i, b in enumerate(blocks):
-            host[i].copy_(_frombuffer(kv_pages[b], pool.dtype).view(block_shape))
+            staging[i] = np.frombuffer(kv_pages[b], dtype=np.uint8)
         idx = torch.tensor(blocks, device=pool.device)
-        pool.index_copy_(2, idx, host.to(pool.device, non_blocking=True).movedim(0, 2))
+        pool.index_copy_(0, idx, host.to(pool.device, non_blocking=True))
 
     def _stream(self, t: torch.Tensor) -> "torch.cuda.Stream | None":
         if t.device.type == "cuda" and self._side is None:
@@ -147,7 +140,7 @@ class Snapshotter:
         """
         kv = self.registry[KV_REGION] if KV_REGION in self.registry else None
         for b, page in pages.get(KV_REGION, {}).items():
-            if kv is None or not 0 <= b < kv.tensor.shape[2] or len(page) != kv.page_bytes:
+            if kv is None or not 0 <= b < kv.tensor.shape[0] or len(page) != kv.page_bytes:
                 raise CapsuleCorrupt(f"KV page {b} does not fit this pool ({len(page)} bytes)")
         for region in self.saved_regions():
             nbytes = region.tensor.numel() * region.tensor.element_size()

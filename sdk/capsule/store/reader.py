@@ -81,7 +81,7 @@ def _read_all(segs: SegmentReader, sealer: Sealer, refs: list[PageRef],
     for run in _runs(refs):
         start = run[0].offset
         try:
-            blob = memoryview(segs.read(run[0].segment, start, run[-1].offset + run[-1].length - start))
+            blob = segs.view(run[0].segment, start, run[-1].offset + run[-1].length - start)
         except RecordError:
             blob = None  # find exactly which record is unreadable, one by one
         for ref in run:
@@ -93,4 +93,5 @@ def _read_all(segs: SegmentReader, sealer: Sealer, refs: list[PageRef],
                 payload = check_record(buf, ref, sealer)
             except RecordError as exc:
                 raise corrupt(ref, str(exc), loading) from None
-            yield ref, bytes(payload)
+            # pages stay zero-copy views of the map; the (small) manifest becomes bytes
+            yield ref, bytes(payload) if ref.region is None else payload

@@ -6,6 +6,7 @@ while it is in use.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -190,6 +191,7 @@ class SegmentReader:
     def __init__(self, folder: Path, signed: bool):
         self._dir, self._signed = folder, signed
         self._files: dict[int, tuple[int, int]] = {}  # segment -> (fd, size)
+        self._maps: dict[int, mmap.mmap] = {}
 
     def __enter__(self) -> "SegmentReader":
         return self
@@ -214,7 +216,24 @@ class SegmentReader:
             raise RecordError(f"short read at {offset} in segment {segment:06d} (file shrank?)")
         return data
 
+    def view(self, segment: int, offset: int, length: int) -> memoryview:
+        """Like read, but a zero-copy view of a read-only map of the file (bulk epoch loads).
+
+        The map is released when the last view is dropped, not at close(): restore hands the
+        views on, and copying 100s of MB out of the page cache first would double the cost.
+        """
+        fd, size = self._open(segment)
+        if offset < SEGMENT_HEADER.size or length <= 0 or offset + length > size:
+            self.read(segment, offset, length)          # refreshes the size or raises RecordError
+            fd, size = self._files[segment]
+            self._maps.pop(segment, None)
+        mapped = self._maps.get(segment)
+        if mapped is None:
+            mapped = self._maps[segment] = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        return memoryview(mapped)[offset:offset + length]
+
     def close(self) -> None:
+        self._maps.clear()   # views still held elsewhere keep their map alive
         for fd, _ in self._files.values():
             os.close(fd)
         self._files.clear()
