@@ -233,7 +233,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> DeviceProfile:
     else:
         raise wrong_type("profile", name_or_path, "profile name or path")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's safe loader when present: same documents, ~10x faster on the open path
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a safe loader)
     except yaml.YAMLError as e:
         raise ValueError(f"invalid YAML in device profile (file {path}): {e}") from None
     profile = DeviceProfile.from_dict(raw, source=str(path))
