@@ -9,7 +9,7 @@ import torch
 from capsule.errors import ModelLoadError, UnsupportedArchitecture
 from capsule.llm import load_model
 from capsule.llm.config import ModelConfig
-from capsule.llm.presets import cache_dir
+from capsule.paths import cache_dir
 from capsule.llm.safetensors_mmap import read_safetensors
 from hf_checkpoints import load_reference, make_checkpoint
 

@@ -12,7 +12,8 @@ import torch
 from ..errors import ModelLoadError
 from .config import ModelConfig
 from .model import Decoder
-from .presets import DEFAULT_SEED, cache_dir, materialize, preset_config
+from ..paths import cache_dir
+from .presets import DEFAULT_SEED, materialize, preset_config
 from .safetensors_mmap import read_safetensors
 
 DEFAULT_BUILTIN_VOCAB = 100277  # cl100k_base, the default tokenizer of builtin models

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import ModelLoadError
+from ..paths import cache_dir
 from .config import ModelConfig
 from .model import expected_shapes
 
@@ -36,11 +37,6 @@ def preset_config(name: str, vocab_size: int) -> ModelConfig:
                        rms_norm_eps=1e-6, architecture="llama", **PRESETS[name])
 
 
-def cache_dir() -> Path:
-    """Where materialized presets and weight digests live ($CAPSULE_CACHE_DIR to override)."""
-    root = os.environ.get("CAPSULE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "capsule")
-    return Path(root)
 
 
 def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:

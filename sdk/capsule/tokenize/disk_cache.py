@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Hashable, Sequence
 
+from ..paths import cache_dir
 from .families import Parts, _bad_ids
 
 FORMAT = 1                 # bump when the layout or the meaning of a field changes
@@ -29,11 +30,6 @@ _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _OWN_FILES = sorted(Path(__file__).parent.glob("*.py"))   # our code decides the tables too
 
 
-def cache_dir() -> Path:
-    """Same rule as ``capsule.llm.presets.cache_dir`` (tokenize sits below llm: no import)."""
-    root = os.environ.get("CAPSULE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "capsule")
-    return Path(root)
 
 
 def clear_disk_cache() -> None:
