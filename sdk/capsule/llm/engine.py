@@ -7,11 +7,12 @@ Not thread-safe: the Session serializes calls.
 from __future__ import annotations
 
 import os
+import unicodedata
 from typing import Sequence
 
 import torch
 
-from ..tokenize import ReferenceTokenizer
+from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from .kv_pool import KVPool
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator, sample_rows
@@ -33,22 +34,44 @@ class Engine:
         return self.streams[name]
 
     def append(self, name: str, text: str) -> None:
-        """Add text; re-tokenize the whole text and keep the K/V of the unchanged id prefix.
-
-        Checks everything before changing anything: a rejected append leaves no trace.
+        """Add text. The stream's ids become the reference ids of its whole text, computed by
+        the exact incremental tokenizer (a window around the seam); the K/V of the unchanged
+        id prefix is kept. A rejected append leaves no trace.
         """
         check_stream_name(name)
         if not isinstance(text, str):
             raise ValueError(f"append takes str, got {type(text).__name__}")
         s = self.streams.get(name) or Stream.new(name, self.pool)
-        new_text = s.text + text
-        ids = self.tokenizer.encode(new_text)
-        if len(ids) > self.runner.max_context:
-            raise ValueError(f"stream {name!r} would hold {len(ids)} tokens; max_context is "
+        tok = self._tokenizer_of(s)
+        tok.append(s.pending + text)            # generated text joins the canonical text here
+        if tok.num_tokens > self.runner.max_context:
+            n = tok.num_tokens
+            tok.reset(s.text[:len(s.text) - len(s.pending)])   # undo (error path: a full encode)
+            raise ValueError(f"stream {name!r} would hold {n} tokens; max_context is "
                              f"{self.runner.max_context} (raise runtime.max_context)")
+        ids = tok.ids
         self.streams[name] = s
         s.table.truncate(common_prefix(s.ids, ids))  # a re-tokenized seam invalidates the K/V after it
-        s.text, s.ids = new_text, ids
+        s.text, s.ids, s.pending = s.text + text, ids, ""
+
+    def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
+        """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""
+        if s.tok is None:
+            canonical = s.text[:len(s.text) - len(s.pending)]
+            if self.tokenizer.normalization == "NFC":
+                canonical = unicodedata.normalize("NFC", canonical)
+            if s.tok_state is not None:
+                try:
+                    s.tok = IncrementalTokenizer.from_state(self.tokenizer, *s.tok_state)
+                except ValueError:
+                    s.tok = None  # damaged or foreign state: one full encode below, still exact
+                if s.tok is not None and s.tok.text != canonical:
+                    s.tok = None
+                s.tok_state = None
+            if s.tok is None:
+                s.tok = IncrementalTokenizer(self.tokenizer)
+                s.tok.reset(canonical)
+        return s.tok
 
     def generate(self, names: Sequence[str], max_new_tokens: int, params: SamplingParams,
                  seed: int | None, stop: Sequence[str]) -> dict[str, str]:
@@ -66,9 +89,12 @@ class Engine:
         try:
             self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop])
         finally:
-            # ids and text move together even when a step fails midway
+            # ids and text move together even when a step fails midway; the generated text
+            # reaches the incremental tokenizer with the next append
             for s in streams:
-                s.text += out[s.name].decode("utf-8", errors="replace")
+                piece = out[s.name].decode("utf-8", errors="replace")
+                s.text += piece
+                s.pending += piece
         # a session restored from a capsule has not needed the encoder yet: build it while the
         # robot acts on this reply, so the next append does not pay for it
         self.tokenizer.prefetch()

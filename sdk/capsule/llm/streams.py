@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
+from ..tokenize import IncrementalTokenizer
 from .kv_pool import BlockTable, KVPool
 
 if TYPE_CHECKING:
@@ -28,6 +29,12 @@ class Stream:
     text: str = ""
     ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    # the exact incremental tokenizer over text[:len(text) - len(pending)]; generated text waits
+    # in `pending` until the next append. A restored stream keeps the saved tokenizer state in
+    # `tok_state` and rebuilds it on its first append (a restore needs no encoder)
+    tok: IncrementalTokenizer | None = None
+    tok_state: tuple[dict, dict[str, bytes]] | None = None
+    pending: str = ""
 
     @classmethod
     def new(cls, name: str, pool: KVPool) -> "Stream":
@@ -43,10 +50,8 @@ def check_stream_name(name: object) -> None:
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
@@ -54,8 +59,12 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
     meta, blobs = [], {}
     for s in engine.streams.values():
         gen = s.generator
+        tok_meta, tok_blobs = s.tok.state_dict() if s.tok is not None else (s.tok_state or (None, {}))
         meta.append({"name": s.name, "num_cached": s.table.num_cached, "n_ids": len(s.ids),
-                     "generator_device": None if gen is None else str(gen.device)})
+                     "generator_device": None if gen is None else str(gen.device),
+                     "pending_chars": len(s.pending), "tokenizer": tok_meta})
+        for key, blob in tok_blobs.items():
+            blobs[f"tok/{s.name}/{key}"] = blob
         blobs[f"ids/{s.name}"] = np.asarray(s.ids, dtype="<i4").tobytes()
         blobs[f"blocks/{s.name}"] = np.asarray(s.table.blocks, dtype="<i4").tobytes()
         blobs[f"text/{s.name}"] = s.text.encode("utf-8", "surrogatepass")
@@ -105,14 +114,28 @@ def import_streams(engine: "Engine", meta: list, blobs: dict[str, bytes]) -> Cal
         table = BlockTable(pool)
         table.blocks, table.num_cached = blocks.tolist(), num_cached
         used.update(table.blocks)
-        streams[name] = Stream(name, table, blobs[f"text/{name}"].decode("utf-8", "surrogatepass"),
-                               ids.tolist(), _generator(m.get("generator_device"), blobs.get(f"rng/{name}"),
-                                                        device))
+        text = blobs[f"text/{name}"].decode("utf-8", "surrogatepass")
+        pending = _int_field(m, "pending_chars", 0, len(text)) if "pending_chars" in m else 0
+        streams[name] = Stream(name, table, text, ids.tolist(),
+                               _generator(m.get("generator_device"), blobs.get(f"rng/{name}"), device),
+                               tok_state=_tok_state(name, m.get("tokenizer"), blobs),
+                               pending=text[len(text) - pending:] if pending else "")
 
     def install() -> None:
         engine.streams = streams
         pool.reset_allocation(used)
     return install
+
+
+def _tok_state(name: str, meta: object, blobs: dict[str, bytes]) -> tuple[dict, dict[str, bytes]] | None:
+    # checked in depth when the tokenizer is rebuilt on the first append; a bad state then
+    # falls back to one full encode, so it can cost time but never exactness
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise ValueError(f"stream {name!r}: tokenizer state is not an object")
+    prefix = f"tok/{name}/"
+    return meta, {k[len(prefix):]: v for k, v in blobs.items() if k.startswith(prefix)}
 
 
 def _generator(saved_device: object, state: bytes | None, device: torch.device) -> torch.Generator | None:

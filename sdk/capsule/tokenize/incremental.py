@@ -1,0 +1,256 @@
+"""Exact incremental tokenization: re-encode a short window at a provably stable boundary.
+
+After every call ``ids == reference.encode(text)``. An edit keeps the ids before the latest old
+piece boundary ``a`` that the family's rule proves stable (docs/TOKENIZATION.md), re-encodes
+``text[a:]`` with the reference and splices. The state is the whole text and ids (older parts
+frozen in chunks) plus piece boundaries (char offset, token count) of the last few KB only.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import unicodedata
+import weakref
+from array import array
+from bisect import bisect_right
+from typing import Any, Mapping
+
+from .reference import load_reference
+from .rules import rules_for
+from .shadow import ShadowVerifier
+from .splice import Splice, SpliceRule, common
+
+TAIL_KEEP = 8192      # chars of boundary state kept behind the end (older text is frozen)
+FREEZE_AT = 32768     # a tail this long is cut back towards TAIL_KEEP
+
+
+class IncrementalTokenizer:
+    """ids of a growing text, always equal to the reference tokenizer on the full text.
+
+    Not thread-safe: one writer per instance (the shadow verifier only reads snapshots).
+    """
+
+    def __init__(self, reference: Any, *, shadow_rate: float = 0.01, seed: int | None = 0,
+                 shadow_reference: Any = None) -> None:
+        if not callable(getattr(reference, "encode", None)):
+            raise TypeError("reference must be a ReferenceTokenizer (or have encode())")
+        self._ref = reference
+        self._rules, self.full_reason = rules_for(reference)
+        self._rule = SpliceRule(reference, self._rules) if self._rules else None
+        self._full_mode = self._rules is None
+        me = weakref.ref(self)
+        self._shadow = ShadowVerifier(shadow_reference if shadow_reference is not None
+                                      else reference, reference.name, shadow_rate, seed,
+                                      lambda: IncrementalTokenizer._diverged(me))
+        self._stats = dict.fromkeys(("appends", "windows", "widenings", "fallbacks",
+                                     "check_failures", "window_chars", "last_window"), 0)
+        self._clear()
+
+    @classmethod
+    def from_family(cls, name_or_path: str | os.PathLike[str], *, shadow_rate: float = 0.01,
+                    seed: int | None = 0, **load_kwargs: Any) -> "IncrementalTokenizer":
+        """An empty tokenizer over ``load_reference(name_or_path, **load_kwargs)``."""
+        return cls(load_reference(name_or_path, **load_kwargs), shadow_rate=shadow_rate,
+                   seed=seed)
+
+    @staticmethod
+    def _diverged(me: "weakref.ref[IncrementalTokenizer]") -> None:
+        tok = me()
+        if tok is not None:
+            tok._full_mode = True
+            tok.full_reason = "shadow verifier mismatch"
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        self._chunks: list[str] = []
+        self._chunk_ids: list[array] = []
+        self._joined, self._joined_n = "", 0
+        self._before = ""           # the char before the tail ("" at the start of the text)
+        self._base = self._base_n = 0
+        self._tail = ""
+        self._tids: list[int] = []
+        self._bpos, self._bcnt = [0], [0]
+
+    @property
+    def reference(self) -> Any:
+        return self._ref
+
+    @property
+    def full_mode(self) -> bool:
+        """True when every call re-encodes the whole text (see ``full_reason``)."""
+        return self._full_mode
+
+    @property
+    def text(self) -> str:
+        """The whole text (NFC-normalized for NFC families)."""
+        return self._frozen() + self._tail
+
+    def _frozen(self) -> str:
+        if self._joined_n != len(self._chunks):
+            self._joined += "".join(self._chunks[self._joined_n:])
+            self._joined_n = len(self._chunks)
+        return self._joined
+
+    @property
+    def ids(self) -> list[int]:
+        """A copy of the whole token list (O(n); ``num_tokens`` is O(1))."""
+        return list(itertools.chain(*self._chunk_ids, self._tids))
+
+    @property
+    def num_tokens(self) -> int:
+        return self._base_n + len(self._tids)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        s = dict(self._stats)
+        sh = self._shadow
+        s.update(shadow_sampled=sh.sampled, shadow_checks=sh.checks,
+                 shadow_mismatches=sh.mismatches, shadow_dropped=sh.dropped, shadow_errors=sh.errors,
+                 full_mode=int(self._full_mode), boundaries=len(self._bpos))
+        return s
+
+    def flush_shadow(self, timeout: float | None = None) -> bool:
+        """Wait for pending shadow checks (tests); False on timeout."""
+        return self._shadow.flush(timeout)
+
+    # ---- edits ----------------------------------------------------------------------------
+
+    def append(self, text: str) -> Splice:
+        """Append text; the token list becomes ``ids[:keep] + splice.ids``."""
+        if not isinstance(text, str):
+            raise TypeError(f"append() takes a str, not {type(text).__name__}")
+        self._stats["appends"] += 1
+        return self._edit(self._base + len(self._tail), text)
+
+    def replace_tail(self, n_chars: int, text: str) -> Splice:
+        """Replace the last ``n_chars`` characters of ``self.text`` with ``text``."""
+        n = self._base + len(self._tail)
+        if isinstance(n_chars, bool) or not isinstance(n_chars, int) or not 0 <= n_chars <= n:
+            raise ValueError(f"n_chars must be an int in [0, {n}], not {n_chars!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"replace_tail() takes a str, not {type(text).__name__}")
+        return self._edit(n - n_chars, text)
+
+    def reset(self, text: str = "") -> Splice:
+        """Start over from ``text`` (one full encode)."""
+        if not isinstance(text, str):
+            raise TypeError(f"reset() takes a str, not {type(text).__name__}")
+        return self._rebuild(text, count=False)
+
+    def _edit(self, m0: int, new: str) -> Splice:
+        base, tail, r = self._base, self._tail, self._rules
+        if self._full_mode or m0 < base or r is None:
+            return self._rebuild(self._upto(m0) + new)
+        rel = m0 - base
+        if r.nfc:   # normalize from the last point where NFC cannot reach across
+            z = tail[:rel] + new
+            lo = rel
+            while 0 < lo < len(z) and not self._rule.info.nfc_safe(z[lo - 1], z[lo]):
+                lo -= 1
+            if lo == 0 and base > 0:
+                return self._rebuild(self._upto(m0) + new)
+            t = z[:lo] + unicodedata.normalize("NFC", z[lo:])
+        else:
+            t, lo = tail[:rel] + new, rel
+        m = common(tail, t, lo)   # text before m (tail-relative) is unchanged
+        if m == len(t) == len(tail):
+            return Splice(self.num_tokens, [])   # nothing changed (an empty append)
+        i, widened = self._rule.choose(t, m, self._bpos, base, self._before)
+        self._stats["widenings"] += widened
+        if i is None:
+            return self._rebuild(self._upto(base) + t)
+        a = self._bpos[i] - base
+        if a == 0 and base == 0 and tail:
+            self._stats["fallbacks"] += 1   # no later boundary qualified: a full encode
+        sp = self._window(t, a, self._bcnt[i], i)
+        if self._shadow.sample():
+            self._shadow.submit((*self._chunks, self._tail),
+                                (*self._chunk_ids, array("I", self._tids)), base + m)
+        return sp
+
+    def _window(self, t: str, a: int, cnt_a: int, i: int) -> Splice:
+        """Re-encode t[a:] (tail-relative a, token count cnt_a), splice, update boundaries."""
+        w = t[a:]
+        ids_w = self._ref.encode(w)
+        new_b, failed = self._rule.scan(w, ids_w, self._base + a, cnt_a)
+        self._stats["check_failures"] += failed
+        old = self._tids
+        rel_n = cnt_a - self._base_n
+        extra = common(old[rel_n:], ids_w) if len(old) > rel_n else 0
+        del old[rel_n + extra:]
+        old.extend(ids_w[extra:])
+        del self._bpos[i + 1:], self._bcnt[i + 1:]
+        for pos, cnt in new_b:
+            self._bpos.append(pos)
+            self._bcnt.append(cnt)
+        self._tail = t
+        st = self._stats
+        st["windows"] += 1
+        st["window_chars"] += len(w)
+        st["last_window"] = len(w)
+        self._freeze()
+        return Splice(cnt_a + extra, ids_w[extra:])
+
+    def _rebuild(self, text: str, count: bool = True) -> Splice:
+        """Full reference encode of text; boundaries from a tail encode unless in full mode."""
+        old = self.ids
+        if self._rules is not None and self._rules.nfc:
+            text = unicodedata.normalize("NFC", text)
+        ids = self._ref.encode(text)
+        self._clear()
+        self._tail, self._tids = text, list(ids)
+        if count and old:
+            self._stats["fallbacks"] += 1
+        if not self._full_mode and self._rules is not None:
+            new_b, failed = self._rule.scan(text, ids, 0, 0)
+            self._stats["check_failures"] += failed
+            for pos, cnt in new_b:
+                self._bpos.append(pos)
+                self._bcnt.append(cnt)
+        keep = common(old, ids)
+        self._freeze()
+        return Splice(keep, list(ids[keep:]))
+
+    def _upto(self, m0: int) -> str:
+        """text[:m0] (materializes frozen chunks when m0 reaches into them)."""
+        if m0 >= self._base:
+            return self._frozen() + self._tail[:m0 - self._base]
+        return self._frozen()[:m0]
+
+    def _freeze(self) -> None:
+        if len(self._tail) <= FREEZE_AT:
+            return
+        bpos, end = self._bpos, self._base + len(self._tail)
+        j = bisect_right(bpos, end - TAIL_KEEP) - 1
+        while j + 1 < len(bpos) and end - bpos[j] > FREEZE_AT:
+            j += 1
+        if j <= 0:
+            return
+        cut, ncut = bpos[j] - self._base, self._bcnt[j] - self._base_n
+        self._chunks.append(self._tail[:cut])
+        self._chunk_ids.append(array("I", self._tids[:ncut]))
+        self._before = self._tail[cut - 1]
+        self._tail = self._tail[cut:]
+        del self._tids[:ncut]
+        self._base, self._base_n = bpos[j], self._bcnt[j]
+        del bpos[:j], self._bcnt[:j]
+
+    # ---- capsules ---------------------------------------------------------------------------
+
+    def state_dict(self) -> tuple[dict, dict[str, bytes]]:
+        """(JSON-able meta, named byte blobs): everything ``from_state`` needs; no pickle."""
+        from .incremental_state import dump
+        return dump(self)
+
+    @classmethod
+    def from_state(cls, tokenizer: Any, meta: Mapping[str, Any], blobs: Mapping[str, bytes], *,
+                   verify: bool = False, shadow_rate: float | None = None
+                   ) -> "IncrementalTokenizer":
+        """Restore ``state_dict()`` output; ValueError on anything malformed or mismatched.
+
+        The tail is re-checked against the reference (O(tail)); ``verify=True`` re-encodes
+        the whole text too.
+        """
+        from .incremental_state import load
+        return load(cls, tokenizer, meta, blobs, verify=verify, shadow_rate=shadow_rate)

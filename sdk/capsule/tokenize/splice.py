@@ -1,0 +1,139 @@
+"""The splice rule: which stored piece boundary a window may start at, and new boundaries.
+
+``SpliceRule.choose`` picks the latest stored boundary ``a`` before the first changed char
+``m`` that is proven stable (docs/TOKENIZATION.md):
+
+* anchor: the char before ``a`` ends a letter or digit run (its class is L/N/K and the char at
+  ``a`` is of another, certain class). Such a run is the end of its match in every continuation,
+  and no match before it looks past ``a``. If the char at ``a`` occurs right after a letter/digit
+  inside some special token (or some special token ends in a letter/digit), ``a`` must also
+  lie ``margin`` chars before ``m``;
+* run rule: at least four class changes in ``T[a-1 : m-margin]``, margin = max(4, longest
+  special token), so every decision before ``a`` and at ``a`` ended well before ``m`` and
+  before any special token that an edit could complete.
+
+For NFC families ``a`` must also be a point where NFC cannot reach across.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+from .pieces import PieceScanner
+from .rules import CharInfo, Rules
+
+SCAN_MAX = 65536      # longest region cut into pieces for new boundaries
+ANCHOR_SEARCH = 4096  # how far back a split anchor is looked for
+RUN_SEARCH = 16384    # how far back the run rule looks for four class changes
+
+
+@dataclass(frozen=True)
+class Splice:
+    """The token list becomes ``old[:keep] + ids``."""
+    keep: int
+    ids: list[int]
+
+
+def common(a: Any, b: Any, lo: int = 0) -> int:
+    """Length of the common prefix of two sequences, known equal up to ``lo``."""
+    n = min(len(a), len(b))
+    step = 256
+    while lo < n:
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            while a[lo] == b[lo]:
+                lo += 1
+            return lo
+        lo, step = hi, step * 2
+    return n
+
+
+class SpliceRule:
+    """One family's rule, bound to a reference and a piece scanner."""
+
+    def __init__(self, ref: Any, rules: Rules) -> None:
+        self.ref, self.rules = ref, rules
+        self.info = CharInfo(rules.marks_are_letters, rules.cjk_stage)
+        self.scanner = PieceScanner(ref, rules, self.info)
+        self.tailscan = 2 * rules.margin + 64   # new boundaries are kept this far back at least
+
+    def _anchor(self, prev: str, c: str) -> bool:
+        info = self.info
+        k0 = info.cls(prev)
+        if k0 not in "LNK":
+            return False
+        k1 = info.cls(c)
+        return k1 != k0 and k1 != "?"
+
+    def choose(self, t: str, m: int, bpos: list[int], base: int, before: str
+               ) -> tuple[int | None, bool]:
+        """(index of the latest stable stored boundary < m, whether it is not the latest)."""
+        r, info = self.rules, self.info
+        first = i = bisect_left(bpos, base + m) - 1
+        k4 = None
+        while i >= 0:
+            a = bpos[i] - base
+            if a == 0 and base == 0:
+                break   # the start of the text: a full encode
+            prev, c = (t[a - 1] if a > 0 else before), t[a]
+            if not r.nfc or info.nfc_safe(prev, c):
+                if self._anchor(prev, c) and (
+                        (c not in r.follow and not r.anchor_margin) or a <= m - r.margin):
+                    break
+                if k4 is None:
+                    k4 = self.fourth_change(t, m - r.margin - 1, before)
+                if a <= k4:
+                    break
+            i -= 1
+        return (None, False) if i < 0 else (i, i < first)
+
+    def fourth_change(self, t: str, end: int, before: str) -> int:
+        """Position of the 4th class change at or before ``end`` (going back), else -1."""
+        found, k = 0, end
+        stop = max(0, end - RUN_SEARCH)   # a longer search could only find as long a window
+        cls = self.info.cls
+        right = cls(t[k]) if 0 <= k < len(t) else "?"
+        while k > stop or (k == 0 and before):
+            left = cls(t[k - 1]) if k > 0 else cls(before)
+            if left != right and left != "?" and right != "?":
+                found += 1
+                if found == 4:
+                    return k
+            right, k = left, k - 1
+        return -1
+
+    def split_point(self, w: str) -> int:
+        """Latest anchor in w at least ``tailscan`` chars before its end, else 0."""
+        r, info = self.rules, self.info
+        hi = len(w) - self.tailscan
+        for p in range(hi, max(0, hi - ANCHOR_SEARCH), -1):
+            c0, c = w[p - 1], w[p]
+            if self._anchor(c0, c) and c not in r.follow and (not r.nfc or info.nfc_safe(c0, c)):
+                return p
+        return 0
+
+    def scan(self, w: str, ids_w: list[int], pos0: int, cnt0: int
+             ) -> tuple[list[tuple[int, int]], bool]:
+        """(new absolute boundaries inside w, whether a check failed).
+
+        w starts at a boundary (pos0, cnt0) and ids_w are its reference ids. The split anchor
+        p near the end gets its count from the reference's ids of w[p:]; the pieces of w[p:]
+        are then checked against those ids.
+        """
+        p = self.split_point(w)
+        ids_p = ids_w
+        out: list[tuple[int, int]] = []
+        if p:
+            ids_p = self.ref.encode(w[p:])
+            if len(ids_p) > len(ids_w) or ids_w[len(ids_w) - len(ids_p):] != ids_p:
+                return out, True
+            out.append((pos0 + p, cnt0 + len(ids_w) - len(ids_p)))
+        if len(w) - p > SCAN_MAX:
+            return out, False
+        got = self.scanner.boundaries(w[p:], ids_p)
+        if got is None:
+            return out, True
+        c0 = cnt0 + len(ids_w) - len(ids_p)
+        out += [(pos0 + p + off, c0 + c) for off, c in got[:-1]]
+        return out, False
