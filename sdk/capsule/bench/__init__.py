@@ -61,7 +61,18 @@ def _capsules(opts: BenchOptions) -> SuiteResult:
     return run(opts)
 
 
-SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules})
+def _tokenize(opts: BenchOptions) -> SuiteResult:
+    from .tokenize import run
+    return run(opts)
+
+
+def _tokenize_diff(opts: BenchOptions) -> SuiteResult:
+    from .tokenize_diff import run
+    return run(opts)
+
+
+SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules,
+                                                "tokenize": _tokenize, "tokenize-diff": _tokenize_diff})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

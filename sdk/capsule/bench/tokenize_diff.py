@@ -1,0 +1,44 @@
+"""`capsule bench --suite tokenize-diff`: the differential campaign over all four families.
+
+Each check is one append or tail replacement compared with the reference on the full text
+(``run_differential``); any divergence comes back with a reproducer (source, seam, text hash,
+tail). opts.steps sets the checks per family (default 250,000; --quick 5,000).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..tokenize.differential import run_differential
+from ..tokenize.reference import FAMILIES
+from . import BenchOptions, SuiteResult
+
+DEFAULT_CHECKS, QUICK_CHECKS = 250_000, 5_000
+SEED = 0
+
+
+def run(opts: BenchOptions) -> SuiteResult:
+    n = opts.steps or (QUICK_CHECKS if opts.quick else DEFAULT_CHECKS)
+    settings = {"families": list(FAMILIES), "checks_per_family": n, "seed": SEED, "max_chars": 3000,
+                "check": "tok.ids == reference.encode(tok.text) after every append/replace_tail",
+                "quick": opts.quick}
+    families: dict[str, Any] = {}
+    divergences: list[dict[str, Any]] = []
+    for fam in FAMILIES:  # one family per call, so a line per family is printed as it finishes
+        out = run_differential([fam], n_checks=n, seed=SEED)
+        families[fam] = out["families"][fam]
+        divergences += out["divergences"]
+        if opts.progress:
+            f = families[fam]
+            print(f"  {fam}: {f['checks']:,} checks, {f['divergences']} divergences ({f['seconds']} s)",
+                  flush=True)
+    rows = [{"family": fam, **f} for fam, f in families.items()]
+    total = {"family": "total", "checks": sum(f["checks"] for f in families.values()),
+             "divergences": sum(f["divergences"] for f in families.values()),
+             "streams": sum(f["streams"] for f in families.values()),
+             "seconds": round(sum(f["seconds"] for f in families.values()), 2)}
+    results = {"families": families, "total": total, "divergences": divergences}
+    tables = {"differential checks": rows + [total]}
+    if divergences:
+        tables["divergences"] = [{k: d[k] for k in ("family", "source", "seam", "chars", "text_sha256")}
+                                 for d in divergences[:20]]
+    return SuiteResult(settings=settings, results=results, tables=tables)

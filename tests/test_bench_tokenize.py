@@ -1,0 +1,42 @@
+"""The tokenize benchmark suites run end to end on tiny sizes and report exact, divergence-free results."""
+from __future__ import annotations
+
+import json
+
+from capsule.bench import SUITES, BenchOptions, run_suite
+
+
+def _run(name: str, tmp_path, steps: int) -> dict:
+    run = run_suite(name, BenchOptions(model="builtin:tiny", quick=True, steps=steps, progress=False),
+                    out_dir=tmp_path)
+    assert run.md_path.exists()
+    return json.loads(run.json_path.read_text())
+
+
+def test_suites_registered():
+    assert {"tokenize", "tokenize-diff"} <= set(SUITES)
+
+
+def test_tokenize_suite(tmp_path):
+    data = _run("tokenize", tmp_path, steps=3)
+    assert data["settings"]["shadow_rate"] == 0.0 and data["settings"]["appends"] == 3
+    runs = data["results"]["runs"]
+    assert {r["family"] for r in runs} == {"deepseek-v4", "cl100k_base"}
+    assert {r["context_chars"] for r in runs} == {100_000, 1_000_000}
+    for r in runs:
+        assert r["appends"] == 3
+        assert r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] and r["full_encode_ms"] > 0
+        assert r["ratio_full_over_p50"] > 0
+        assert r["exact"] is True
+    assert data["results"]["exact"] is True
+    assert any(t["target"].startswith("exact") and t["met"] == "yes" for t in data["results"]["targets"])
+
+
+def test_tokenize_diff_suite(tmp_path):
+    data = _run("tokenize-diff", tmp_path, steps=300)
+    fams = data["results"]["families"]
+    assert set(fams) == {"cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4"}
+    for f in fams.values():
+        assert f["checks"] == 300 and f["divergences"] == 0
+    assert data["results"]["total"] == {**data["results"]["total"], "checks": 1200, "divergences": 0}
+    assert data["results"]["divergences"] == []
