@@ -55,6 +55,10 @@ class GraphRunner:
         self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
                                        device=dev)                                     # (B, nb)
         self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
+        # host staging for one step's inputs, reused every step (not state: not registered)
+        self._stage = torch.zeros(B, 3 + self.max_blocks, dtype=torch.long,
+                                  pin_memory=dev.type == "cuda")                        # (B, 3+nb)
+        self._stage_np = self._stage.numpy()
         # the pool's page i is block i (one contiguous byte range); the checkpointer takes the
         # dirty set from the pool's write log instead of comparing pages
         registry.register("kv_pool", pool.tensor, "kv", page_bytes=pool.block_bytes)
@@ -98,20 +102,27 @@ class GraphRunner:
         return self.logits[:n]
 
     def _load_rows(self, rows: Sequence[DecodeRow], b: int) -> None:
+        """Write the batch into the host staging rows, then one copy per static buffer.
+
+        The staging tensor is allocated once (pinned on CUDA): a step allocates nothing.
+        It is safe to reuse: the previous step's upload finished before its logits were sampled.
+        """
         n = len(rows)
-        ids = [r.token_id for r in rows] + [0] * (b - n)
-        pos = [r.position for r in rows] + [0] * (b - n)
-        slots = [r.slot for r in rows] + [SCRATCH_BLOCK * self.pool.block_size] * (b - n)
-        table = torch.full((b, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long)
+        stage = self._stage_np                      # (B, 3 + nb): token, position, slot, blocks
+        stage[:b, :3] = (0, 0, SCRATCH_BLOCK * self.pool.block_size)
+        stage[:b, 3:] = SCRATCH_BLOCK
         for i, r in enumerate(rows):
-            if len(r.blocks) > self.max_blocks:
-                raise ValueError(f"stream needs {len(r.blocks)} blocks, max_context allows {self.max_blocks}")
-            table[i, :len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.long)
+            nb = len(r.blocks)
+            if nb > self.max_blocks:
+                raise ValueError(f"stream needs {nb} blocks, max_context allows {self.max_blocks}")
+            stage[i, :3] = (r.token_id, r.position, r.slot)
+            stage[i, 3:3 + nb] = r.blocks
+        staged = self._stage[:b]
         # copy_ into the static buffers: their storage (and the graphs' addresses) never change
-        self.input_ids[:b, 0].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
-        self.positions[:b, 0].copy_(torch.tensor(pos, dtype=torch.long), non_blocking=True)
-        self.slot_mapping[:b].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
-        self.block_tables[:b].copy_(table, non_blocking=True)
+        self.input_ids[:b, 0].copy_(staged[:, 0], non_blocking=True)
+        self.positions[:b, 0].copy_(staged[:, 1], non_blocking=True)
+        self.slot_mapping[:b].copy_(staged[:, 2], non_blocking=True)
+        self.block_tables[:b].copy_(staged[:, 3:], non_blocking=True)
 
     def _decode_body(self, b: int, n_blocks: int | None = None) -> None:
         nb = self.max_blocks if n_blocks is None else n_blocks
