@@ -86,25 +86,24 @@ class Engine:
         for s in streams:
             self._prepare_generator(s, params, seed)
         out = {s.name: bytearray() for s in streams}
+        eos = set(self.tokenizer.eos_ids)
+        texts: dict[str, str] = {}
         try:
-            self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop])
+            self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop], eos)
         finally:
             # ids and text move together even when a step fails midway; the generated text
             # reaches the incremental tokenizer with the next append
             for s in streams:
-                piece = out[s.name].decode("utf-8", errors="replace")
+                texts[s.name] = piece = out[s.name].decode("utf-8", errors="replace")
                 s.text += piece
                 s.pending += piece
         # a session restored from a capsule has not needed the encoder yet: build it while the
         # robot acts on this reply, so the next append does not pay for it
         self.tokenizer.prefetch()
-        eos = set(self.tokenizer.eos_ids)
-        return {s.name: _cut_at_stop(out[s.name].decode("utf-8", errors="replace"), stop, self.tokenizer,
-                                     s.ids[-1] in eos) for s in streams}
+        return {s.name: _cut_at_stop(texts[s.name], stop, self.tokenizer, s.ids[-1] in eos) for s in streams}
 
     def _generate_loop(self, streams: list[Stream], out: dict[str, bytearray], max_new_tokens: int,
-                       params: SamplingParams, stops: list[bytes]) -> None:
-        eos = set(self.tokenizer.eos_ids)
+                       params: SamplingParams, stops: list[bytes], eos: set[int]) -> None:
         logits = torch.stack([self._prefill_pending(s) for s in streams])          # (n, V)
         active = list(streams)
         for step in range(max_new_tokens):

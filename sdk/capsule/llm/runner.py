@@ -107,7 +107,6 @@ class GraphRunner:
         The staging tensor is allocated once (pinned on CUDA): a step allocates nothing.
         It is safe to reuse: the previous step's upload finished before its logits were sampled.
         """
-        n = len(rows)
         stage = self._stage_np                      # (B, 3 + nb): token, position, slot, blocks
         stage[:b, :3] = (0, 0, SCRATCH_BLOCK * self.pool.block_size)
         stage[:b, 3:] = SCRATCH_BLOCK

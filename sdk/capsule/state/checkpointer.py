@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import CapsuleCorrupt, CapsuleMismatch, StoreError
 from .binding import Binding
@@ -109,7 +109,7 @@ class Checkpointer:
             self._writer = BackgroundWriter(self.store, on_durable=self._maintain)
         return self._writer
 
-    def _maintain(self, epochs: list[int] | list) -> None:
+    def _maintain(self, epochs: Sequence[object]) -> None:
         """Keep the store bounded: drop old epochs each commit, compact every few epochs.
 
         Runs after the commit point (on the writer thread for wait=False checkpoints; the store

@@ -76,6 +76,3 @@ class RegionRegistry:
     def data_ptrs(self) -> dict[str, int]:
         """Storage addresses by name: equal before and after a restore, or graphs would break."""
         return {r.name: r.tensor.data_ptr() for r in self}
-
-    def total_bytes(self) -> int:
-        return sum(r.tensor.numel() * r.tensor.element_size() for r in self)

@@ -53,11 +53,6 @@ class BackgroundWriter:
                 self._cond.notify_all()
             self._thread.join()
 
-    @property
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._queue) + int(self._busy)
-
     def _raise_pending(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
