@@ -71,8 +71,14 @@ def _tokenize_diff(opts: BenchOptions) -> SuiteResult:
     return run(opts)
 
 
+def _tokenize_bpe(opts: BenchOptions) -> SuiteResult:
+    from .tokenize_bpe import run
+    return run(opts)
+
+
 SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules,
-                                                "tokenize": _tokenize, "tokenize-diff": _tokenize_diff})
+                                                "tokenize": _tokenize, "tokenize-diff": _tokenize_diff,
+                                                "tokenize-bpe": _tokenize_bpe})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

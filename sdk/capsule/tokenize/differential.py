@@ -90,13 +90,19 @@ def _cuts(rng: random.Random, text: str) -> list[str]:
 
 
 def run_differential(families: Iterable[str] = FAMILIES, n_checks: int = 1000, seed: int = 0,
-                     max_chars: int = 3000, replace_rate: float = 0.05) -> dict[str, Any]:
-    """Run ``n_checks`` checked calls per family; returns counts and any divergences."""
+                     max_chars: int = 3000, replace_rate: float = 0.05,
+                     bpe: bool = False) -> dict[str, Any]:
+    """Run ``n_checks`` checked calls per family; returns counts and any divergences.
+
+    bpe: also encode every stream's final text with the tensor BPE (``TensorBpe``, batched 64
+    texts per kernel pass) and compare it with the reference (``bpe_checks`` in the counts).
+    """
     out: dict[str, Any] = {"seed": seed, "families": {}, "divergences": []}
     for fam in families:
         ref = load_reference(fam)
         rng = random.Random(f"{seed}:{fam}")
         tok = IncrementalTokenizer(ref, shadow_rate=0.0)
+        kernel = _BpeCheck(ref, fam, out["divergences"]) if bpe else None
         nfc = tok._rules is not None and tok._rules.nfc
         checks = divergences = streams = 0
         t0 = time.perf_counter()
@@ -106,6 +112,8 @@ def run_differential(families: Iterable[str] = FAMILIES, n_checks: int = 1000, s
             streams += 1
             tok.reset("")
             expect = ""
+            if kernel is not None:
+                kernel.add(label, text)
             for part in _cuts(rng, text):
                 if checks >= n_checks:
                     break
@@ -126,12 +134,45 @@ def run_differential(families: Iterable[str] = FAMILIES, n_checks: int = 1000, s
                         "text_sha256": hashlib.sha256(expect.encode("utf-8")).hexdigest(),
                         "text_tail": expect[-200:]})
                     tok.reset(expect)
+        bpe_counts = kernel.finish() if kernel is not None else {}
         out["families"][fam] = {"checks": checks, "divergences": divergences, "streams": streams,
-                                "seconds": round(time.perf_counter() - t0, 2),
+                                **bpe_counts, "seconds": round(time.perf_counter() - t0, 2),
                                 **{k: v for k, v in tok.stats.items()
                                    if k in ("windows", "widenings", "fallbacks",
                                             "check_failures")}}
     return out
+
+
+class _BpeCheck:
+    """Tensor BPE vs reference on whole texts, in batches (the kernel's natural shape)."""
+
+    def __init__(self, ref: Any, family: str, sink: list[dict[str, Any]]) -> None:
+        from .tensor_bpe import TensorBpe
+        self._ref, self._family, self._sink = ref, family, sink
+        self._bpe = TensorBpe(ref)
+        self._batch: list[tuple[str, str]] = []
+        self.checks = self.divergences = 0
+
+    def add(self, label: str, text: str) -> None:
+        self._batch.append((label, text))
+        if len(self._batch) >= 64:
+            self._flush()
+
+    def _flush(self) -> None:
+        got = self._bpe.encode_batch([t for _, t in self._batch])
+        for (label, text), ids in zip(self._batch, got):
+            self.checks += 1
+            if ids != self._ref.encode(text):
+                self.divergences += 1
+                self._sink.append({"family": self._family, "source": label, "seam": "tensor-bpe",
+                                   "chars": len(text), "text_tail": text[-200:],
+                                   "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
+        self._batch.clear()
+
+    def finish(self) -> dict[str, int]:
+        if self._batch:
+            self._flush()
+        return {"bpe_checks": self.checks, "bpe_divergences": self.divergences}
 
 
 def _norm(s: str, nfc: bool) -> str:

@@ -1,0 +1,92 @@
+"""`capsule bench --suite tokenize-bpe`: the tensor BPE kernel on a 1M-character text.
+
+For each family: CPU regex pre-tokenization time, then the merge kernel (``edge_kernels.bpe``:
+the pieces the kernel receives, packed once, merged ``reps`` times after one warm-up run) on
+CPU tensors and, when a CUDA GPU is present, on CUDA (timed with a synchronize), the whole
+``TensorBpe.encode`` and a full ``reference.encode`` of the same text, and exactness.
+CPU kernel speed is informational; the GPU target is 1M characters well under 10 ms.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from edge_kernels.bpe import merge_packed, pack_pieces
+
+from ..tokenize.reference import FAMILIES, load_reference
+from ..tokenize.tensor_bpe import TensorBpe
+from . import BenchOptions, SuiteResult
+from .tokenize import real_text
+
+CHARS, QUICK_CHARS = 1_000_000, 200_000
+REPS, QUICK_REPS = 3, 1
+GPU_TARGET_MS = 10.0
+
+
+def _median_ms(fn: Callable[[], Any], reps: int, sync: Callable[[], None] = lambda: None) -> float:
+    fn()   # warm-up (allocator, kernels) is not timed
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _one(fam: str, text: str, reps: int, cuda: bool) -> dict[str, Any]:
+    ref = load_reference(fam)
+    ref.encode("warm up")
+    bpe = TensorBpe(ref)
+    t0 = time.perf_counter()
+    plan = bpe.pre_tokenize(text)
+    pre_ms = (time.perf_counter() - t0) * 1e3
+    pieces = [p for p in plan if isinstance(p, bytes) and p not in bpe._whole]
+    packed = pack_pieces(pieces, bpe.table)
+    row: dict[str, Any] = {
+        "family": fam, "chars": len(text), "pieces": len(plan), "kernel_pieces": len(pieces),
+        "pretokenize_ms": pre_ms,
+        "kernel_cpu_ms": _median_ms(lambda: merge_packed(packed, bpe.table), reps),
+        "kernel_cuda_ms": None,
+        "encode_ms": _median_ms(lambda: bpe.encode(text), reps),
+        "reference_ms": _median_ms(lambda: ref.encode(text), reps)}
+    if cuda:
+        gpu = TensorBpe(ref, device="cuda")
+        packed_gpu = pack_pieces(pieces, gpu.table)
+        row["kernel_cuda_ms"] = _median_ms(lambda: merge_packed(packed_gpu, gpu.table), reps,
+                                           torch.cuda.synchronize)
+        row["exact_cuda"] = gpu.encode(text) == ref.encode(text)
+    row["exact"] = bpe.encode(text) == ref.encode(text)
+    return row
+
+
+def run(opts: BenchOptions) -> SuiteResult:
+    n = QUICK_CHARS if opts.quick else CHARS
+    reps = opts.steps or (QUICK_REPS if opts.quick else REPS)
+    cuda = torch.cuda.is_available() and opts.device in ("auto", "cuda")
+    text = real_text(n)
+    rows = []
+    for fam in FAMILIES:
+        rows.append(_one(fam, text, reps, cuda))
+        if opts.progress:
+            r = rows[-1]
+            print(f"  {fam}: kernel {r['kernel_cpu_ms']:.0f} ms CPU"
+                  + (f", {r['kernel_cuda_ms']:.2f} ms CUDA" if r["kernel_cuda_ms"] is not None else "")
+                  + f"; exact {r['exact']}", flush=True)
+    gpu = [r["kernel_cuda_ms"] for r in rows if r["kernel_cuda_ms"] is not None]
+    targets = [{"target": f"{n:,} chars merged on a CUDA GPU in well under {GPU_TARGET_MS:.0f} ms",
+                "measured": " / ".join(f"{v:.2f} ms" for v in gpu) if gpu else "no CUDA GPU here",
+                "met": ("yes" if max(gpu) < GPU_TARGET_MS else "NO") if gpu else "not measured"},
+               {"target": "exact: TensorBpe ids == reference ids",
+                "measured": str(all(r["exact"] and r.get("exact_cuda", True) for r in rows)),
+                "met": "yes" if all(r["exact"] and r.get("exact_cuda", True) for r in rows) else "NO"}]
+    settings = {"chars": n, "reps": reps, "families": list(FAMILIES), "cuda": cuda,
+                "text": "installed .py sources in sorted order (as the tokenize suite)",
+                "kernel": "pieces that are not whole tokens, packed once; merge rounds only",
+                "quick": opts.quick}
+    return SuiteResult(settings=settings, results={"runs": rows, "targets": targets},
+                       tables={"tensor BPE, 1 text": rows, "targets": targets})

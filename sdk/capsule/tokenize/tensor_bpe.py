@@ -1,0 +1,150 @@
+"""The reference's ids through the tensor BPE kernel: CPU pre-tokenization, batched merges.
+
+``TensorBpe(ref, device)`` reproduces ``ref.encode`` for the families whose pipeline
+``rules_for`` verifies (the same special-token split and pre-tokenizer pieces the incremental
+tokenizer uses), with the merges of all pieces of a batch of texts done by
+``edge_kernels.bpe`` on CPU or CUDA tensors. The merge semantics follow each family's reference:
+tiktoken families rank a pair by its concatenated bytes and emit a piece that is a token as is;
+tokenizer.json families apply their listed merges (and ``ignore_merges`` when set).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import unicodedata
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from edge_kernels.bpe import MergeTable, merge_pieces, table_from_merges, table_from_ranks
+
+from ..errors import TokenizerError
+from . import sources
+from .families import _byte_alphabet
+from .pieces import PieceScanner
+from .reference import ReferenceTokenizer
+from .rules import CharInfo, rules_for
+
+_tables: dict[str, tuple[MergeTable, dict[bytes, int]]] = {}
+_tables_lock = threading.Lock()
+
+
+class TensorBpe:
+    """Encodes like ``ref.encode``. Not thread-safe (the scanner memoizes); one per thread."""
+
+    def __init__(self, ref: ReferenceTokenizer, device: torch.device | str = "cpu") -> None:
+        rules, why = rules_for(ref)
+        if rules is None:
+            raise TokenizerError(f"{ref.name}: the tensor BPE needs a verified pipeline ({why})")
+        self.ref, self._nfc = ref, rules.nfc
+        self._scanner = PieceScanner(ref, rules, CharInfo(rules.marks_are_letters, rules.cjk_stage))
+        table, self._whole = _shared_table(ref)
+        self.table = table.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text; the pieces of all texts are merged in one kernel pass."""
+        plans = [self.pre_tokenize(t) for t in texts]
+        uniq = list(dict.fromkeys(p for plan in plans for p in plan if isinstance(p, bytes)))
+        done = {p: [self._whole[p]] for p in uniq if p in self._whole}
+        todo = [p for p in uniq if p not in done]
+        done.update(zip(todo, merge_pieces(todo, self.table)))
+        out = []
+        for plan in plans:
+            ids: list[int] = []
+            for p in plan:
+                if isinstance(p, bytes):
+                    ids += done[p]
+                else:
+                    ids.append(p)
+            out.append(ids)
+        return out
+
+    def pre_tokenize(self, text: str) -> list[bytes | int]:
+        """The text as pieces (UTF-8 bytes) and special token ids, in order."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}")
+        if self._nfc:
+            text = unicodedata.normalize("NFC", text)
+        plan: list[bytes | int] = []
+        for s, e, sid in self._scanner.split_specials(text):
+            if sid is not None:
+                plan.append(sid)
+                continue
+            seg = text[s:e]
+            ends = self._scanner.pieces(seg)
+            if not ends or ends[-1] != len(seg):
+                raise TokenizerError(f"{self.ref.name}: pre-tokenizer pieces do not cover the text")
+            at = 0
+            for end in ends:
+                try:
+                    plan.append(seg[at:end].encode("utf-8"))
+                except UnicodeEncodeError as exc:
+                    raise ValueError(f"{self.ref.name}: text is not valid Unicode (lone "
+                                     f"surrogate?): {exc}") from exc
+                at = end
+        return plan
+
+
+def _shared_table(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
+    """(merge table on CPU, whole-piece shortcut) per vocabulary, built once per process."""
+    key = ref.fingerprint
+    with _tables_lock:
+        got = _tables.get(key)
+        if got is None:
+            got = _tables[key] = (_from_ranks(ref) if ref.pattern is not None
+                                  else _from_tokenizer_json(ref))
+    return got
+
+
+def _from_ranks(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
+    specials = set(ref.special_tokens.values())
+    ranks: dict[bytes, int] = {}
+    for i in range(ref.vocab_size):
+        if i in specials:
+            continue
+        try:
+            ranks[ref.decode_bytes([i])] = i   # tiktoken: a token's id is its rank
+        except ValueError:
+            continue   # an unassigned id (cl100k has a few)
+    return table_from_ranks(ranks), ranks   # tiktoken emits a piece that is a token as is
+
+
+def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
+    name = ref.name
+    files = [Path(name[5:])] if name.startswith("file:") else sources.source_files(name)
+    if not files:
+        raise TokenizerError(f"{name}: tokenizer.json not found for the tensor BPE")
+    try:
+        model: dict[str, Any] = json.loads(files[0].read_text("utf-8"))["model"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise TokenizerError(f"{files[0]}: unreadable tokenizer.json model: {exc}") from exc
+    odd = {k: model.get(k) for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix")
+           if model.get(k)}
+    if model.get("type") != "BPE" or model.get("byte_fallback") or odd:
+        raise TokenizerError(f"{name}: the tensor BPE supports plain byte-level BPE models only "
+                             f"(type {model.get('type')!r}, {odd or 'byte_fallback'})")
+    vocab: dict[str, int] = model["vocab"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    if any(len(m) != 2 for m in merges):
+        raise TokenizerError(f"{name}: a merge is not a pair of tokens")
+    to_byte = _byte_alphabet()
+    byte_chars = [""] * 256
+    for ch, b in to_byte.items():
+        byte_chars[b] = ch
+    table = table_from_merges(vocab, merges, byte_chars)   # type: ignore[arg-type]
+    whole: dict[bytes, int] = {}
+    if model.get("ignore_merges"):   # tokenizers then emits a piece found in the vocab as is
+        for tok, i in vocab.items():
+            try:
+                whole[bytes(to_byte[c] for c in tok)] = i
+            except KeyError:
+                continue
+    return table, whole
