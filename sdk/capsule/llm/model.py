@@ -95,9 +95,13 @@ class Decoder(nn.Module):
         return F.linear(h, w)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                block_tables: torch.Tensor, kv_pool: torch.Tensor) -> torch.Tensor:
+                block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
+                capture: list | None = None) -> torch.Tensor:
         """input_ids, positions: (B, T); slot_mapping: (B*T,); block_tables: (B, nb);
-        kv_pool: (NB, L, 2, bs, KV, hd). Returns the final normed hidden states (B, T, D)."""
+        kv_pool: (NB, L, 2, bs, KV, hd). Returns the final normed hidden states (B, T, D).
+
+        capture: when a list, one (k_pre, v) per layer is appended, each (B*T, KV, hd): keys
+        after k_proj and before RoPE (memory facts are stored unrotated). Eager use only."""
         cfg = self.cfg
         B, T = input_ids.shape
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -109,6 +113,8 @@ class Decoder(nn.Module):
             q = F.linear(h, lw.q, lw.q_bias)
             k = F.linear(h, lw.k, lw.k_bias)
             v = F.linear(h, lw.v, lw.v_bias)
+            if capture is not None:
+                capture.append((k.view(B * T, KV, hd), v.view(B * T, KV, hd)))
             q = apply_rope(q.view(B * T, H, hd), cos, sin)                     # (N, H, hd)
             k = apply_rope(k.view(B * T, KV, hd), cos, sin)                    # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)

@@ -1,0 +1,102 @@
+"""RoPE rotate + scatter: inject pre-RoPE memory-fact K/V into the paged KV pool.
+
+A fact's keys are stored unrotated, so one encoding serves at any position: here they are
+rotated to their serving positions (rotate-half convention, Llama / Qwen2) and written,
+with the values, into their pool slots. Torch reference; runs on CPU and CUDA alike.
+
+Kept low in the dependency order: this module imports nothing from `capsule` at import
+time (the error type is imported lazily), and never `capsule.llm.model`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# rope types whose rotation at position p is a fixed function of p: a key rotated from 0 to p
+# equals the key computed at p. YaRN / dynamic NTK rescale with the sequence length, so no.
+REINJECTABLE_ROPE_TYPES = ("default", "llama3")
+_POOL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_reinjectable(rope: Any) -> None:
+    """Raise UnsupportedArchitecture unless `rope` (a RopeConfig, duck-typed on `rope_type`)
+    can have its pre-RoPE keys rotated at serving time with the same result as a prefill."""
+    rope_type = getattr(rope, "rope_type", None)
+    if rope_type in REINJECTABLE_ROPE_TYPES:
+        return
+    from capsule.errors import UnsupportedArchitecture  # lazy: keeps edge_kernels import-light
+    raise UnsupportedArchitecture(
+        f"rope type {rope_type!r} cannot be re-rotated position-independently, so memory facts "
+        f"cannot be cached pre-RoPE for this model; supported: {', '.join(REINJECTABLE_ROPE_TYPES)} "
+        "(YaRN and dynamic NTK scale depend on the sequence length)")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor, slots: torch.Tensor,
+                   cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
+    """Rotate pre-RoPE keys to `positions` and write K and V of every layer into `slots`.
+
+    kv_pool: (NB, L, 2, bs, KV, hd), fp32/fp16/bf16, written in place;
+    k_pre, v: (L, T, KV, hd), any float dtype, any device (moved to the pool's);
+    positions: (T,) int64 serving positions, each < P; slots: (T,) int64 distinct
+    block * bs + offset, each < NB * bs; cos_table, sin_table: fp32 (P, hd), i.e.
+    Decoder.rope_cos / rope_sin after prepare_rope. The rotation is computed in fp32 and
+    rounded once to the pool dtype (fp32 pools: bit-identical to Decoder.forward's keys).
+    The caller marks the blocks dirty (BlockTable.slots does) and owns slot allocation.
+    """
+    if kv_pool.dim() != 6:
+        raise ValueError(f"kv_pool must be (NB, L, 2, bs, KV, hd), got shape {tuple(kv_pool.shape)}")
+    NB, L, two, bs, KV, hd = kv_pool.shape
+    if two != 2:
+        raise ValueError(f"kv_pool dim 2 must be 2 (K, V), got {two}")
+    if kv_pool.dtype not in _POOL_DTYPES:
+        raise ValueError(f"kv_pool dtype must be one of {_POOL_DTYPES}, got {kv_pool.dtype}")
+    if k_pre.dim() != 4 or k_pre.shape[0] != L or tuple(k_pre.shape[2:]) != (KV, hd):
+        raise ValueError(f"k_pre must be (L, T, KV, hd) = ({L}, T, {KV}, {hd}), got {tuple(k_pre.shape)}")
+    T = k_pre.shape[1]
+    if tuple(v.shape) != tuple(k_pre.shape):
+        raise ValueError(f"v must have k_pre's shape {tuple(k_pre.shape)}, got {tuple(v.shape)}")
+    if not (k_pre.is_floating_point() and v.is_floating_point()):
+        raise ValueError(f"k_pre and v must be floating point, got {k_pre.dtype}, {v.dtype}")
+    for name, idx in (("positions", positions), ("slots", slots)):
+        if idx.dtype != torch.int64 or tuple(idx.shape) != (T,):
+            raise ValueError(f"{name} must be int64 of shape ({T},), got {idx.dtype} {tuple(idx.shape)}")
+    if cos_table.dim() != 2 or cos_table.shape[1] != hd or sin_table.shape != cos_table.shape:
+        raise ValueError(f"cos/sin tables must both be (P, {hd}), got {tuple(cos_table.shape)} "
+                         f"and {tuple(sin_table.shape)}")
+    if cos_table.dtype != torch.float32 or sin_table.dtype != torch.float32:
+        raise ValueError(f"cos/sin tables must be fp32 (angles in fp32), got {cos_table.dtype}, "
+                         f"{sin_table.dtype}")
+    if T == 0:
+        return
+    dev = kv_pool.device
+    positions, slots = positions.to(dev), slots.to(dev)
+    # one host sync checks every index: an out-of-range index on CUDA is a device assert that
+    # poisons the whole context, and duplicate slots would make index_put_ nondeterministic
+    P = cos_table.shape[0]
+    dup = (slots.sort().values.diff() == 0).any()                         # False when T == 1
+    pmin, pmax, smin, smax, has_dup = torch.stack(
+        (positions.min(), positions.max(), slots.min(), slots.max(), dup.long())).tolist()
+    if pmin < 0 or pmax >= P:
+        raise ValueError(f"positions must lie in [0, {P}) (the rope table's length), got [{pmin}, {pmax}]; "
+                         "call prepare_rope with more positions")
+    if smin < 0 or smax >= NB * bs:
+        raise ValueError(f"slots must lie in [0, {NB * bs}), got [{smin}, {smax}]")
+    if has_dup:
+        raise ValueError("slots must be distinct: two tokens cannot share a cache slot")
+
+    cos = cos_table.to(dev)[positions].view(1, T, 1, hd)                  # (1, T, 1, hd) fp32
+    sin = sin_table.to(dev)[positions].view(1, T, 1, hd)
+    k = k_pre.to(dev).float()                                             # (L, T, KV, hd) fp32
+    k_rot = (k * cos + rotate_half(k) * sin).to(kv_pool.dtype)           # rounded once
+    kv = torch.stack((k_rot, v.to(device=dev, dtype=kv_pool.dtype)), dim=1)  # (L, 2, T, KV, hd)
+    block = torch.div(slots, bs, rounding_mode="floor")
+    offset = slots - block * bs
+    # (NB, bs, L, 2, KV, hd) view of the same storage: one index_put_ writes every layer's K and V
+    kv_pool.permute(0, 3, 1, 2, 4, 5).index_put_((block, offset), kv.permute(2, 0, 1, 3, 4))

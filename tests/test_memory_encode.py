@@ -1,0 +1,256 @@
+"""Memory facts: pre-RoPE encoding, rotate + scatter injection, the FactKV byte format."""
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import capsule.llm.model as model_mod
+from capsule.errors import UnsupportedArchitecture
+from capsule.llm import BlockTable, KVPool, RopeConfig, load_model
+from capsule.memory.encode import FactKV, encode_fact
+from edge_kernels.rope import check_reinjectable, rotate_scatter
+from hf_checkpoints import CHECKPOINT_KINDS, make_checkpoint
+
+TOL = 1e-5
+T_FACT = 12
+
+
+@pytest.fixture(scope="module", params=CHECKPOINT_KINDS)
+def model(request, tmp_path_factory):
+    m, _ = load_model(make_checkpoint(request.param, tmp_path_factory.mktemp(request.param)))
+    m.prepare_rope(256)
+    return m
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _pool(model) -> KVPool:
+    return KVPool(model.cfg, pool_bytes=1 << 20, block_size=16, dtype=torch.float32, device="cpu")
+
+
+def _gather(pool_t: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    s = torch.tensor(slots)
+    bs = pool_t.shape[3]
+    return pool_t[s // bs, :, :, s % bs]                                # (T, L, 2, KV, hd)
+
+
+def _attention_from(start: int):
+    """paged_attention that also hides keys before `start`: the fact attends to itself only."""
+    def attend(q, k_cache, v_cache, block_tables, positions, scale):
+        B, T, H, hd = q.shape
+        _, bs, KV, _ = k_cache.shape
+        S = block_tables.shape[1] * bs
+        k = k_cache[block_tables].view(B, S, KV, hd).repeat_interleave(H // KV, 2).transpose(1, 2)
+        v = v_cache[block_tables].view(B, S, KV, hd).repeat_interleave(H // KV, 2).transpose(1, 2)
+        key_pos = torch.arange(S).view(1, 1, S)
+        allowed = (key_pos <= positions.view(B, T, 1)) & (key_pos >= start)   # (B, T, S)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=allowed.unsqueeze(1),
+                                             scale=scale)
+        return out.transpose(1, 2)                                           # (B, T, H, hd)
+    return attend
+
+
+def _prefill_alone(model, ids: list[int], p: int, monkeypatch) -> tuple[KVPool, list[int]]:
+    """Decoder.forward over the fact alone at positions p..p+T-1, fresh block table."""
+    pool = _pool(model)
+    table = BlockTable(pool)
+    T = len(ids)
+    table.ensure_capacity(p + T)
+    slots = table.slots(p, p + T)
+    with monkeypatch.context() as mp, torch.inference_mode():
+        mp.setattr(model_mod, "paged_attention", _attention_from(p))
+        model(torch.tensor([ids]), torch.arange(p, p + T).view(1, T), torch.tensor(slots),
+              torch.tensor([table.blocks]), pool.tensor)
+    return pool, slots
+
+
+def _inject(model, fact: FactKV, pool_like: torch.Tensor, slots: list[int], p: int) -> torch.Tensor:
+    target = torch.zeros_like(pool_like)
+    rotate_scatter(target, fact.k_pre, fact.v, torch.arange(p, p + fact.n_tokens), torch.tensor(slots),
+                   model.rope_cos, model.rope_sin)
+    return target
+
+
+@pytest.mark.parametrize("p", [0, 37])
+def test_injected_fact_equals_prefill_at_serving_position(model, p, monkeypatch):
+    ids = _ids(T_FACT, seed=3)
+    fact = encode_fact(model, ids)
+    cfg = model.cfg
+    assert fact.n_tokens == T_FACT and fact.k_pre.dtype == torch.float32
+    assert tuple(fact.k_pre.shape) == (cfg.num_layers, T_FACT, cfg.num_kv_heads, cfg.head_dim)
+    ref, slots = _prefill_alone(model, ids, p, monkeypatch)
+    want = _gather(ref.tensor, slots)                                    # (T, L, 2, KV, hd)
+    got = _gather(_inject(model, fact, ref.tensor, slots, p), slots)
+    for layer in range(cfg.num_layers):
+        for kv in (0, 1):
+            err = (got[:, layer, kv] - want[:, layer, kv]).abs().max().item()
+            assert err < TOL, (p, layer, "KV"[kv], err)
+    # a one-position slip must be caught by the same comparison
+    slipped = _gather(_inject(model, fact, ref.tensor, slots, p + 1), slots)
+    assert (slipped[:, :, 0] - want[:, :, 0]).abs().max().item() > 100 * TOL
+
+
+def test_context_window_encoding_matches_full_prefill(model):
+    ctx, ids = _ids(8, seed=4), _ids(T_FACT, seed=5)
+    fact = encode_fact(model, ids, context_ids=ctx)
+    pool = _pool(model)
+    table = BlockTable(pool)
+    n = len(ctx) + len(ids)
+    table.ensure_capacity(n)
+    slots = table.slots(0, n)
+    capture: list = []
+    with torch.inference_mode():
+        model(torch.tensor([ctx + ids]), torch.arange(n).view(1, n), torch.tensor(slots),
+              torch.tensor([table.blocks]), pool.tensor, capture=capture)
+    assert len(capture) == model.cfg.num_layers
+    k_want = torch.stack([k[len(ctx):] for k, _ in capture])             # (L, T, KV, hd)
+    v_want = torch.stack([v[len(ctx):] for _, v in capture])
+    assert (fact.k_pre - k_want).abs().max().item() < TOL
+    assert (fact.v - v_want).abs().max().item() < TOL
+    # injected at its own positions, the fact rebuilds exactly what the full prefill cached
+    fact_slots = slots[len(ctx):]
+    got = _gather(_inject(model, fact, pool.tensor, fact_slots, len(ctx)), fact_slots)
+    assert (got - _gather(pool.tensor, fact_slots)).abs().max().item() < TOL
+    # window 0 differs from window 8 past layer 0: the context really was attended to
+    alone = encode_fact(model, ids)
+    assert (alone.k_pre[0] - fact.k_pre[0]).abs().max().item() < TOL   # layer 0 sees no context
+    assert (alone.v[-1] - fact.v[-1]).abs().max().item() > TOL
+
+
+def test_encode_fact_validates_ids(model):
+    with pytest.raises(ValueError, match="empty"):
+        encode_fact(model, [])
+    with pytest.raises(ValueError, match="vocabulary"):
+        encode_fact(model, [1, 512])
+    with pytest.raises(ValueError, match="vocabulary"):
+        encode_fact(model, [3], context_ids=[-1])
+    with pytest.raises(ValueError, match="ints"):
+        encode_fact(model, ["a", "b"])
+
+
+# -- the byte format ---------------------------------------------------------------------------
+def _fact(dtype: torch.dtype, T: int = 5) -> FactKV:
+    g = torch.Generator().manual_seed(7)
+    return FactKV(torch.randn(2, T, 3, 8, generator=g).to(dtype), torch.randn(2, T, 3, 8, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_factkv_round_trip_is_exact(dtype):
+    fact = _fact(dtype)
+    back = FactKV.from_bytes(fact.to_bytes(), expect=(2, 3, 8, dtype))
+    assert back.k_pre.dtype == dtype and back.n_tokens == 5
+    assert torch.equal(back.k_pre, fact.k_pre) and torch.equal(back.v, fact.v)
+    assert torch.equal(FactKV.from_bytes(bytearray(fact.to_bytes()), expect=(2, 3, 8, dtype)).v, fact.v)
+
+
+def test_factkv_from_bytes_rejects_bad_data():
+    data = _fact(torch.float16).to_bytes()
+    exp = (2, 3, 8, torch.float16)
+    garbled = bytearray(data)
+    garbled[-3] ^= 0x40
+    longer_t = bytearray(data)
+    struct.pack_into("<I", longer_t, 16, 6)                           # T field: 5 -> 6
+    bad_code = bytearray(data)
+    struct.pack_into("<H", bad_code, 10, 99)
+    cases = [(data[:-1], "truncated"), (data[:20], "truncated"), (data + b"\0", "trailing"),
+             (bytes(garbled), "crc"), (b"XXXXXXXX" + data[8:], "magic"), (bytes(longer_t), "implies"),
+             (bytes(bad_code), "dtype code"), ("text", "bytes")]
+    for bad, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            FactKV.from_bytes(bad, expect=exp)
+    for wrong in [(3, 3, 8, torch.float16), (2, 2, 8, torch.float16), (2, 3, 16, torch.float16),
+                  (2, 3, 8, torch.bfloat16)]:
+        with pytest.raises(ValueError, match="another model"):
+            FactKV.from_bytes(data, expect=wrong)
+    with pytest.raises(ValueError, match="expect"):
+        FactKV.from_bytes(data, expect=(2, 3, 8))
+    with pytest.raises(ValueError):
+        FactKV(torch.zeros(2, 0, 3, 8), torch.zeros(2, 0, 3, 8))
+
+
+# -- rotate_scatter numerics and validation -----------------------------------------------------
+@pytest.mark.parametrize("pool_dtype", [torch.float16, torch.bfloat16])
+def test_rotate_scatter_rounds_once(pool_dtype):
+    from capsule.llm.rope import apply_rope, rope_tables
+    L, T, KV, hd, bs = 2, 9, 3, 16, 8
+    cos, sin = rope_tables(RopeConfig(theta=10000.0), hd, 200)
+    g = torch.Generator().manual_seed(11)
+    k = (4 * torch.randn(L, T, KV, hd, generator=g)).to(pool_dtype)
+    v = torch.randn(L, T, KV, hd, generator=g).to(pool_dtype)
+    pool = torch.zeros(4, L, 2, bs, KV, hd, dtype=pool_dtype)
+    positions = torch.arange(150, 150 + T)
+    slots = torch.tensor([1 * bs + 3 + i if i < 5 else 3 * bs + i - 5 for i in range(T)])
+    rotate_scatter(pool, k, v, positions, slots, cos, sin)
+    got = pool[slots // bs, :, :, slots % bs]                           # (T, L, 2, KV, hd)
+    c, s = cos[positions].view(1, T, 1, hd), sin[positions].view(1, T, 1, hd)
+    kf = k.float()
+    want_k = (kf * c + torch.cat((-kf[..., hd // 2:], kf[..., :hd // 2]), -1) * s).to(pool_dtype)
+    assert torch.equal(got[:, :, 0], want_k.transpose(0, 1))
+    assert torch.equal(got[:, :, 1], v.transpose(0, 1))
+    # rotating in the low precision (two roundings) would differ: the check has teeth
+    low = torch.stack([apply_rope(k[i], cos[positions], sin[positions]) for i in range(L)])
+    assert not torch.equal(low, want_k)
+    untouched = torch.ones(4, bs, dtype=torch.bool)
+    untouched[slots // bs, slots % bs] = False
+    assert pool.permute(0, 3, 1, 2, 4, 5)[untouched].abs().sum() == 0
+
+
+def test_rotate_scatter_validates():
+    L, T, KV, hd = 2, 3, 2, 8
+    pool = torch.zeros(2, L, 2, 4, KV, hd)
+    k = v = torch.zeros(L, T, KV, hd)
+    pos, slots = torch.arange(T), torch.arange(T)
+    cos = sin = torch.ones(16, hd)
+    bad = [((pool[:, 0], k, v, pos, slots, cos, sin), "kv_pool"),
+           ((pool, k[:, :, :1], v, pos, slots, cos, sin), "k_pre"),
+           ((pool, k, v[:, :2], pos, slots, cos, sin), "v must"),
+           ((pool, k, v, pos.int(), slots, cos, sin), "positions"),
+           ((pool, k, v, pos, slots[:2], cos, sin), "slots"),
+           ((pool, k, v, pos, slots, cos[:, :4], sin[:, :4]), "tables"),
+           ((pool, k, v, pos, slots, cos.half(), sin.half()), "fp32"),
+           ((pool, k, v, pos + 14, slots, cos, sin), "positions must lie"),
+           ((pool, k, v, pos, slots + 6, cos, sin), "slots must lie"),
+           ((pool, k, v, pos, torch.tensor([1, 2, 1]), cos, sin), "distinct")]
+    for args, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            rotate_scatter(*args)
+    assert pool.abs().sum() == 0
+
+
+def test_check_reinjectable():
+    check_reinjectable(RopeConfig())
+    check_reinjectable(RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0))
+    for kind in ("yarn", "dynamic", "linear"):
+        with pytest.raises(UnsupportedArchitecture):
+            RopeConfig(rope_type=kind)                                # the loader refuses it too
+        rope = object.__new__(RopeConfig)                             # bypass __post_init__
+        object.__setattr__(rope, "rope_type", kind)
+        with pytest.raises(UnsupportedArchitecture, match=kind):
+            check_reinjectable(rope)
+        with pytest.raises(UnsupportedArchitecture, match="re-rotated"):
+            check_reinjectable(SimpleNamespace(rope_type=kind))
+    with pytest.raises(UnsupportedArchitecture):
+        check_reinjectable(object())
+
+
+@pytest.mark.cuda
+def test_rotate_scatter_cuda_matches_cpu():
+    L, T, KV, hd, bs = 2, 7, 2, 16, 8
+    from capsule.llm.rope import rope_tables
+    cos, sin = rope_tables(RopeConfig(), hd, 64)
+    g = torch.Generator().manual_seed(5)
+    k, v = torch.randn(L, T, KV, hd, generator=g), torch.randn(L, T, KV, hd, generator=g)
+    pos, slots = torch.arange(20, 20 + T), torch.arange(5, 5 + T)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        cpu = torch.zeros(3, L, 2, bs, KV, hd, dtype=dtype)
+        gpu = cpu.cuda()
+        rotate_scatter(cpu, k, v, pos, slots, cos, sin)
+        rotate_scatter(gpu, k, v, pos.cuda(), slots.cuda(), cos.cuda(), sin.cuda())
+        # same fp32 tables, elementwise IEEE ops, one correctly rounded cast: bit-identical
+        assert torch.equal(gpu.cpu(), cpu), dtype
