@@ -6,9 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import capsule.llm.model as model_mod
 from capsule.errors import UnsupportedArchitecture
 from capsule.llm import BlockTable, KVPool, RopeConfig, load_model
 from capsule.memory.encode import FactKV, encode_fact
@@ -40,33 +38,17 @@ def _gather(pool_t: torch.Tensor, slots: list[int]) -> torch.Tensor:
     return pool_t[s // bs, :, :, s % bs]                                # (T, L, 2, KV, hd)
 
 
-def _attention_from(start: int):
-    """paged_attention that also hides keys before `start`: the fact attends to itself only."""
-    def attend(q, k_cache, v_cache, block_tables, positions, scale):
-        B, T, H, hd = q.shape
-        _, bs, KV, _ = k_cache.shape
-        S = block_tables.shape[1] * bs
-        k = k_cache[block_tables].view(B, S, KV, hd).repeat_interleave(H // KV, 2).transpose(1, 2)
-        v = v_cache[block_tables].view(B, S, KV, hd).repeat_interleave(H // KV, 2).transpose(1, 2)
-        key_pos = torch.arange(S).view(1, 1, S)
-        allowed = (key_pos <= positions.view(B, T, 1)) & (key_pos >= start)   # (B, T, S)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=allowed.unsqueeze(1),
-                                             scale=scale)
-        return out.transpose(1, 2)                                           # (B, T, H, hd)
-    return attend
-
-
-def _prefill_alone(model, ids: list[int], p: int, monkeypatch) -> tuple[KVPool, list[int]]:
+def _prefill_alone(model, ids: list[int], p: int) -> tuple[KVPool, list[int]]:
     """Decoder.forward over the fact alone at positions p..p+T-1, fresh block table."""
     pool = _pool(model)
     table = BlockTable(pool)
     T = len(ids)
     table.ensure_capacity(p + T)
     slots = table.slots(p, p + T)
-    with monkeypatch.context() as mp, torch.inference_mode():
-        mp.setattr(model_mod, "paged_attention", _attention_from(p))
+    table.set_valid(0, p, False)   # the fact alone: the slots before it are holes
+    with torch.inference_mode():
         model(torch.tensor([ids]), torch.arange(p, p + T).view(1, T), torch.tensor(slots),
-              torch.tensor([table.blocks]), pool.tensor)
+              torch.tensor([table.blocks]), pool.tensor, slot_valid=pool.slot_valid)
     return pool, slots
 
 
@@ -78,13 +60,13 @@ def _inject(model, fact: FactKV, pool_like: torch.Tensor, slots: list[int], p: i
 
 
 @pytest.mark.parametrize("p", [0, 37])
-def test_injected_fact_equals_prefill_at_serving_position(model, p, monkeypatch):
+def test_injected_fact_equals_prefill_at_serving_position(model, p):
     ids = _ids(T_FACT, seed=3)
     fact = encode_fact(model, ids)
     cfg = model.cfg
     assert fact.n_tokens == T_FACT and fact.k_pre.dtype == torch.float32
     assert tuple(fact.k_pre.shape) == (cfg.num_layers, T_FACT, cfg.num_kv_heads, cfg.head_dim)
-    ref, slots = _prefill_alone(model, ids, p, monkeypatch)
+    ref, slots = _prefill_alone(model, ids, p)
     want = _gather(ref.tensor, slots)                                    # (T, L, 2, KV, hd)
     got = _gather(_inject(model, fact, ref.tensor, slots, p), slots)
     for layer in range(cfg.num_layers):

@@ -16,6 +16,7 @@ from . import assembly
 from .errors import StoreError
 from .llm import SamplingParams
 from .llm.engine import Engine
+from .memory.facts import Fact, Memory, MemoryConfig
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
 from .tokenize import load_reference
@@ -25,7 +26,8 @@ class Session:
     """An LLM (and later a policy) with its execution state, bound to a capsule store."""
 
     def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
-                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer):
+                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer,
+                 memory: Memory | None = None):
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
@@ -38,6 +40,8 @@ class Session:
         self._store = store
         self._ckpt = checkpointer
         self._state: dict = {}
+        self._memory = memory
+        self._last_user: dict[str, str] = {}   # each stream's latest appended text: memory's query
         self._lock = threading.RLock()
         self._closed = False
 
@@ -46,13 +50,15 @@ class Session:
     def open(cls, path: str | os.PathLike, *, model: str | os.PathLike | None = "builtin:tiny",
              tokenizer: str | os.PathLike | None = None, policy: str | None = None,
              device: str = "auto", runtime: Mapping[str, Any] | None = None, restore: bool = True,
-             keep_epochs: int | None = None, sign_key: bytes | None = None) -> "Session":
+             keep_epochs: int | None = None, sign_key: bytes | None = None,
+             memory: MemoryConfig | Mapping[str, Any] | None = None) -> "Session":
         """Open (creating if missing) the store at `path`, load the model, restore the newest capsule.
 
         device: "auto", "cpu", "cuda", or a profile name / YAML path from devices/.
         runtime: overrides of the profile's runtime defaults, e.g. {"kv_pool_mb": 16}.
         restore: restore the newest committed, fully valid epoch (``restored_epoch`` says which).
         keep_epochs: epochs retained in the store (default: the profile's checkpoint.keep_epochs).
+        memory: MemoryConfig (or a dict of its fields) for remember / recall / memory_k.
         Nothing is created on disk unless the model and tokenizer load.
         """
         if policy is not None:
@@ -65,6 +71,7 @@ class Session:
         profile = devices.detect_profile(device)
         if runtime:
             profile = profile.replace_runtime(**dict(runtime))
+        mem_config = MemoryConfig.of(memory)
         keep = profile.checkpoint.keep_epochs if keep_epochs is None else keep_epochs
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")
@@ -75,8 +82,10 @@ class Session:
         binding = assembly.binding_of(llm, profile, registry)
         store = assembly.open_store(store_path, sign_key)
         try:
+            mem = None if llm is None else Memory(store, llm.engine.runner.model, llm.tokenizer,
+                                                  mem_config, binding.model)
             session = cls(store_path, profile, llm, registry, store,
-                          assembly.build_checkpointer(store, llm, binding, registry, keep))
+                          assembly.build_checkpointer(store, llm, binding, registry, keep), mem)
             if restore:
                 session._restore(None)
         except BaseException:
@@ -147,20 +156,75 @@ class Session:
         return restored.epoch
 
     # -- text -------------------------------------------------------------------------------
-    def append(self, text: str, stream: str = "main") -> None:
-        """Add text to a stream (created on first use). Its ids equal the reference tokenizer's."""
+    def append(self, text: str, stream: str = "main", *, system: bool = False) -> None:
+        """Add text to a stream (created on first use). Its ids equal the reference tokenizer's.
+
+        system=True: the text extends the stream's system prefix (only before other text);
+        injected memory facts sit right after it (docs/MEMORY.md).
+        """
         with self._lock:
-            self._llm().append(stream, text)
+            self._llm().append(stream, text, system=system)
+            if not system:
+                self._last_user[stream] = text
+
+    # -- memory -----------------------------------------------------------------------------
+    def remember(self, text: str, *, tags: Sequence[str] | None = None,
+                 context: str | None = None) -> int:
+        """Store a fact durably, its K/V computed once (keys before RoPE); returns its id.
+
+        context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
+        the "main" stream's text, when a window is configured.
+        """
+        with self._lock:
+            mem = self._mem()
+            ctx: list[int] = []
+            if mem.config.window:
+                if context is not None:
+                    ctx = self.tokenizer.encode(context)
+                elif "main" in self._llm().streams:
+                    ctx = self._llm().streams["main"].ids
+            return mem.remember(text, tags, ctx)
+
+    def forget(self, fact_id: int) -> None:
+        """Delete a fact (durable when it returns); streams drop it at their next memory_k."""
+        with self._lock:
+            self._mem().forget(fact_id)
+
+    def recall(self, query: str, k: int = 8) -> list[Fact]:
+        """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
+        with self._lock:
+            return self._mem().recall(query, k)
+
+    def _inject(self, names: Sequence[str], memory_k: int) -> None:
+        mem, engine = self._mem(), self._llm()
+        limit = min(mem.config.region_tokens, engine.pool.capacity_tokens)
+        if memory_k > limit:
+            raise ValueError(f"memory_k={memory_k} facts cannot fit: the memory region holds "
+                             f"{mem.config.region_tokens} tokens and the KV pool "
+                             f"{engine.pool.capacity_tokens}; use memory_k <= {limit}")
+        for name in names:
+            s = engine.stream(name)
+            query = self._last_user.get(name) or s.text[-500:]
+            chosen = []
+            for fact in mem.recall(query, memory_k):
+                kv = mem.kv(fact.id)
+                if kv is not None:
+                    chosen.append((fact.id, kv.k_pre, kv.v))
+            engine.fill_memory(name, chosen, mem.config.region_tokens)
 
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> str | dict[str, str]:
+                 stop: str | Sequence[str] | None = None, memory_k: int = 0) -> str | dict[str, str]:
         """Generate up to max_new_tokens and return the new text (without a stop string or EOS).
 
         Greedy when temperature is 0. `seed` reseeds the stream's generator; without it a
         sampling stream continues its own generator. Give a list of streams to decode them
         together in one batched step; the result is then a dict stream -> text.
+        memory_k: inject the K/V of the k facts most relevant to the stream's latest appended
+        text into its memory region first (replacing the facts injected before).
         """
+        if isinstance(memory_k, bool) or not isinstance(memory_k, int) or memory_k < 0:
+            raise ValueError(f"memory_k must be an int >= 0, got {memory_k!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
@@ -174,6 +238,10 @@ class Session:
             raise ValueError(f"stop must be a non-empty str or a list of them, got {stop!r}")
         with self._lock:
             engine = self._llm()
+            for n in names:
+                engine.stream(n)   # unknown streams fail before any memory work
+            if memory_k:
+                self._inject(names, memory_k)
             bucket_max = engine.runner.buckets[-1]
             replies: dict[str, str] = {}
             for i in range(0, len(names), bucket_max):  # more streams than the largest bucket: in groups
@@ -209,6 +277,12 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this Session is closed; open a new one")
+
+    def _mem(self) -> Memory:
+        self._check_open()
+        if self._memory is None:
+            raise ValueError("this Session has no model (opened with model=None): memory needs one")
+        return self._memory
 
     def _llm(self) -> Engine:
         self._check_open()

@@ -14,6 +14,7 @@ import torch
 
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from .kv_pool import KVPool
+from .region import fill, reserve
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator, sample_rows
 from .streams import Stream, check_stream_name, common_prefix
@@ -33,26 +34,60 @@ class Engine:
                            "(append text to create one)")
         return self.streams[name]
 
-    def append(self, name: str, text: str) -> None:
+    def append(self, name: str, text: str, system: bool = False) -> None:
         """Add text. The stream's ids become the reference ids of its whole text, computed by
         the exact incremental tokenizer (a window around the seam); the K/V of the unchanged
         id prefix is kept. A rejected append leaves no trace.
+
+        system=True extends the system prefix, which must come before any other text: a memory
+        region, when the stream gets one, sits right after it.
         """
         check_stream_name(name)
         if not isinstance(text, str):
             raise ValueError(f"append takes str, got {type(text).__name__}")
         s = self.streams.get(name) or Stream.new(name, self.pool)
+        if system and (s.system_chars != len(s.text) or s.region is not None):
+            raise ValueError(f"stream {name!r} already holds conversation text or memory; system "
+                             "text goes first (append it before anything else)")
         tok = self._tokenizer_of(s)
         tok.append(s.pending + text)            # generated text joins the canonical text here
-        if tok.num_tokens > self.runner.max_context:
-            n = tok.num_tokens
+        if s.table.slot_end(tok.num_tokens) > self.runner.max_context:
+            n = s.table.slot_end(tok.num_tokens)
             tok.reset(s.text[:len(s.text) - len(s.pending)])   # undo (error path: a full encode)
-            raise ValueError(f"stream {name!r} would hold {n} tokens; max_context is "
+            raise ValueError(f"stream {name!r} would span {n} positions; max_context is "
                              f"{self.runner.max_context} (raise runtime.max_context)")
         ids = tok.ids
         self.streams[name] = s
         s.table.truncate(common_prefix(s.ids, ids))  # a re-tokenized seam invalidates the K/V after it
         s.text, s.ids, s.pending = s.text + text, ids, ""
+        if system:
+            s.system_chars = len(s.text)
+
+    def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
+                    region_tokens: int) -> bool:
+        """Make the stream's memory region hold exactly these facts (id, k_pre, v), in order.
+
+        The region (region_tokens positions, block-aligned) is reserved on first use right
+        after the system prefix; the K/V of tokens after it is recomputed once then, and never
+        again when the facts change. Returns True when the region's content changed.
+        """
+        s = self.stream(name)
+        if s.region is not None and s.region.fact_ids == tuple(f for f, _, _ in facts):
+            return False
+        if s.region is None:
+            gap_at = 0
+            if s.system_chars:
+                system_ids = self.tokenizer.encode(s.text[:s.system_chars])
+                gap_at = common_prefix(system_ids, s.ids)
+            bs = self.pool.block_size
+            end = -(-gap_at // bs) * bs + -(-region_tokens // bs) * bs + len(s.ids) - gap_at
+            if end > self.runner.max_context:
+                raise ValueError(f"stream {name!r} with a {region_tokens}-token memory region "
+                                 f"would span {end} positions; max_context is "
+                                 f"{self.runner.max_context}")
+            s.region = reserve(s.table, gap_at, region_tokens)
+        fill(s.table, s.region, self.runner.model, facts)
+        return True
 
     def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
         """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""
@@ -80,9 +115,9 @@ class Engine:
         for s in streams:  # validate every stream before touching any generator
             if not s.ids:
                 raise ValueError(f"stream {s.name!r} is empty; append text before generating")
-            if len(s.ids) + max_new_tokens > self.runner.max_context:
-                raise ValueError(f"stream {s.name!r} holds {len(s.ids)} tokens; {max_new_tokens} more "
-                                 f"exceed max_context {self.runner.max_context}")
+            if s.table.slot_end(len(s.ids) + max_new_tokens) > self.runner.max_context:
+                raise ValueError(f"stream {s.name!r} spans {s.table.slot_end(len(s.ids))} positions; "
+                                 f"{max_new_tokens} more exceed max_context {self.runner.max_context}")
         for s in streams:
             self._prepare_generator(s, params, seed)
         out = {s.name: bytearray() for s in streams}
@@ -155,10 +190,11 @@ class Engine:
         return self.runner.prefill(s.ids[s.table.num_cached:], s.table)
 
     def _next_row(self, s: Stream) -> DecodeRow:
-        pos = len(s.ids) - 1
-        s.table.ensure_capacity(pos + 1)
-        row = DecodeRow(s.ids[-1], pos, s.table.slots(pos, pos + 1)[0], tuple(s.table.blocks))
-        s.table.num_cached = pos + 1
+        i = len(s.ids) - 1
+        s.table.ensure_capacity(i + 1)
+        row = DecodeRow(s.ids[-1], s.table.position(i), s.table.slots(i, i + 1)[0],
+                        tuple(s.table.blocks))
+        s.table.num_cached = i + 1
         return row
 
 

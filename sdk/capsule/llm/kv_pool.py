@@ -63,6 +63,9 @@ class KVPool:
         if self.tensor.device.type == "cpu":
             advise_hugepages(self.tensor)
         self.tensor[SCRATCH_BLOCK].zero_()
+        # which slots attention may read: all of a handed-out block, except the holes a memory
+        # region leaves (see memory/layout.py). Derived state: rebuilt from streams on restore
+        self.slot_valid = torch.ones(num_blocks, block_size, dtype=torch.bool, device=device)
         self._free = list(range(1, num_blocks))  # a heap: lowest id first, so runs are reproducible
         # blocks written since the last checkpoint: KV is append-only per stream, so the
         # checkpointer learns the delta from here instead of scanning the pool
@@ -83,7 +86,9 @@ class KVPool:
                                 "or shorten the streams")
         blocks = [heapq.heappop(self._free) for _ in range(n)]
         if blocks:
-            self.tensor.index_fill_(0, torch.tensor(blocks, device=self.tensor.device), 0)
+            idx = torch.tensor(blocks, device=self.tensor.device)
+            self.tensor.index_fill_(0, idx, 0)
+            self.slot_valid.index_fill_(0, idx, True)
             self.dirty.update(blocks)  # zeroed content is state too: the next capsule carries it
         return blocks
 
@@ -98,28 +103,68 @@ class KVPool:
 
 
 class BlockTable:
-    """One stream's blocks, in position order, and how many of its tokens have K/V cached."""
+    """One stream's blocks, in position order, and how many of its tokens have K/V cached.
+
+    Token i sits at position i, except after a memory region was reserved (``reserve_gap``):
+    tokens from ``gap_at`` on sit ``gap`` positions later, and the first ``pinned`` blocks
+    (the prefix and the region) are never released by ``truncate``.
+    """
 
     def __init__(self, pool: KVPool):
         self.pool = pool
         self.blocks: list[int] = []
         self.num_cached = 0
+        self.gap_at = 0
+        self.gap = 0
+        self.pinned = 0
+
+    def position(self, token: int) -> int:
+        """Position (RoPE angle and slot) of token index ``token``."""
+        return token + self.gap if self.gap and token >= self.gap_at else token
+
+    def positions(self, start: int, end: int) -> list[int]:
+        return [self.position(t) for t in range(start, end)]
+
+    def slot_end(self, n_tokens: int) -> int:
+        """Positions that n_tokens tokens span (what max_context bounds)."""
+        return self.position(n_tokens - 1) + 1 if n_tokens > 0 else 0
+
+    def reserve_gap(self, gap_at: int, gap: int, pinned: int) -> None:
+        if self.num_cached > gap_at:
+            raise ValueError("truncate the cached tokens to gap_at before reserving a gap there")
+        need = pinned - len(self.blocks)
+        if need > 0:   # allocate first: a full pool leaves the table as it was
+            self.blocks.extend(self.pool.allocate(need))
+        self.gap_at, self.gap, self.pinned = gap_at, gap, pinned
 
     def ensure_capacity(self, n_tokens: int) -> None:
-        need = -(-n_tokens // self.pool.block_size) - len(self.blocks)
+        need = -(-self.slot_end(n_tokens) // self.pool.block_size) - len(self.blocks)
         if need > 0:
             self.blocks.extend(self.pool.allocate(need))
 
     def truncate(self, n_tokens: int) -> None:
         """Forget cached tokens from n_tokens on (their blocks go back when wholly unused)."""
         self.num_cached = min(self.num_cached, n_tokens)
-        keep = -(-self.num_cached // self.pool.block_size)
+        keep = max(-(-self.slot_end(self.num_cached) // self.pool.block_size), self.pinned)
         if keep < len(self.blocks):
             self.pool.release(self.blocks[keep:])
             del self.blocks[keep:]
 
     def slots(self, start: int, end: int) -> list[int]:
-        """Slot ids of positions start..end-1, which the caller is about to write (marks them dirty)."""
+        """Slot ids of tokens start..end-1, which the caller is about to write (marks them dirty)."""
+        return self.slots_at(self.positions(start, end))
+
+    def slots_at(self, positions: list[int]) -> list[int]:
+        """Slot ids of positions (marks their blocks dirty: the caller writes them)."""
         bs = self.pool.block_size
-        self.pool.dirty.update(self.blocks[start // bs: -(-end // bs)])
-        return [self.blocks[p // bs] * bs + p % bs for p in range(start, end)]
+        self.pool.dirty.update(self.blocks[p // bs] for p in positions)
+        return [self.blocks[p // bs] * bs + p % bs for p in positions]
+
+    def set_valid(self, start: int, end: int, valid: bool) -> None:
+        """Mark positions start..end-1 readable (or not) by attention."""
+        if end <= start:
+            return
+        bs, dev = self.pool.block_size, self.pool.slot_valid.device
+        pos = torch.arange(start, end, device=dev)
+        blocks = torch.tensor(self.blocks, dtype=torch.long, device=dev)[pos // bs]
+        self.pool.slot_valid[blocks, pos % bs] = valid

@@ -25,12 +25,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+                    block_tables: torch.Tensor, positions: torch.Tensor, scale: float,
+                    key_valid: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of queries over their stream's cached keys.
 
     q: (B, T, H, hd) queries of B streams, T tokens each, at `positions` (B, T);
     block_tables: (B, nb) block ids; key slot s of stream b is position s.
-    A query at position p sees keys at positions <= p (its own key is already written).
+    A query at position p sees keys at positions <= p (its own key is already written) that
+    key_valid (B, S) allows (holes of a memory region are not valid).
     Returns (B, T, H, hd).
     """
     B, T, H, hd = q.shape
@@ -43,6 +45,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q.view(B, T, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, T * G, hd)
     key_pos = torch.arange(S, device=q.device)
     allowed = key_pos.view(1, 1, S) <= positions.view(B, T, 1)         # (B, T, S)
+    if key_valid is not None:
+        allowed = allowed & key_valid.view(B, 1, S)
     allowed = allowed.unsqueeze(2).expand(B, T, G, S).reshape(B, 1, T * G, S)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     return out.view(B, KV, T, G, hd).permute(0, 2, 1, 3, 4).reshape(B, T, H, hd)

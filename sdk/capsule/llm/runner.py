@@ -126,7 +126,8 @@ class GraphRunner:
     def _decode_body(self, b: int, n_blocks: int | None = None) -> None:
         nb = self.max_blocks if n_blocks is None else n_blocks
         hidden = self.model(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
-                            self.block_tables[:b, :nb], self.pool.tensor)       # (b, 1, D)
+                            self.block_tables[:b, :nb], self.pool.tensor,
+                            slot_valid=self.pool.slot_valid)                     # (b, 1, D)
         self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
 
     @torch.inference_mode()
@@ -152,7 +153,7 @@ class GraphRunner:
     # -- prefill --------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, token_ids: Sequence[int], table: BlockTable) -> torch.Tensor:
-        """Write K/V for `token_ids` at positions table.num_cached.. and return the last logits (V,).
+        """Write K/V for `token_ids` at tokens table.num_cached.. and return the last logits (V,).
 
         Chunked and eager: prompts vary in length, so they are not worth a graph each.
         """
@@ -160,19 +161,21 @@ class GraphRunner:
             raise ValueError("prefill needs at least one token")
         start = table.num_cached
         end = start + len(token_ids)
-        if end > self.max_context:
-            raise ValueError(f"stream would hold {end} tokens; max_context is {self.max_context}")
+        if table.slot_end(end) > self.max_context:
+            raise ValueError(f"stream would span {table.slot_end(end)} positions; max_context is "
+                             f"{self.max_context}")
         table.ensure_capacity(end)
         dev = self.pool.tensor.device
         hidden = None
         for c0 in range(start, end, self.prefill_chunk):
             c1 = min(c0 + self.prefill_chunk, end)
             ids = torch.tensor(token_ids[c0 - start:c1 - start], dtype=torch.long, device=dev)
-            pos = torch.arange(c0, c1, dtype=torch.long, device=dev)
-            slots = torch.tensor(table.slots(c0, c1), dtype=torch.long, device=dev)
-            nb = -(-c1 // self.pool.block_size)
+            at = table.positions(c0, c1)
+            pos = torch.tensor(at, dtype=torch.long, device=dev)
+            slots = torch.tensor(table.slots_at(at), dtype=torch.long, device=dev)
+            nb = -(-(at[-1] + 1) // self.pool.block_size)
             blocks = torch.tensor(table.blocks[:nb], dtype=torch.long, device=dev)
             hidden = self.model(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
-                                self.pool.tensor)                                   # (1, C, D)
+                                self.pool.tensor, slot_valid=self.pool.slot_valid)  # (1, C, D)
             table.num_cached = c1
         return self.model.lm_head(hidden[0, -1])

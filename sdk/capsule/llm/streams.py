@@ -13,6 +13,7 @@ import torch
 
 from ..tokenize import IncrementalTokenizer
 from .kv_pool import BlockTable, KVPool
+from .region import Region, mark_holes
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -35,6 +36,9 @@ class Stream:
     tok: IncrementalTokenizer | None = None
     tok_state: tuple[dict, dict[str, bytes]] | None = None
     pending: str = ""
+    # text[:system_chars] is the system prefix; a memory region (facts' K/V) sits right after it
+    system_chars: int = 0
+    region: Region | None = None
 
     @classmethod
     def new(cls, name: str, pool: KVPool) -> "Stream":
@@ -62,7 +66,9 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
         tok_meta, tok_blobs = s.tok.state_dict() if s.tok is not None else (s.tok_state or (None, {}))
         meta.append({"name": s.name, "num_cached": s.table.num_cached, "n_ids": len(s.ids),
                      "generator_device": None if gen is None else str(gen.device),
-                     "pending_chars": len(s.pending), "tokenizer": tok_meta})
+                     "pending_chars": len(s.pending), "tokenizer": tok_meta,
+                     "system_chars": s.system_chars,
+                     "region": s.region.to_json() if s.region is not None else None})
         for key, blob in tok_blobs.items():
             blobs[f"tok/{s.name}/{key}"] = blob
         blobs[f"ids/{s.name}"] = np.asarray(s.ids, dtype="<i4").tobytes()
@@ -106,24 +112,37 @@ def import_streams(engine: "Engine", meta: list, blobs: dict[str, bytes]) -> Cal
         blocks = _i4(blobs[f"blocks/{name}"], "block table")
         if len(ids) != n_ids or (len(ids) and (ids.min() < 0 or ids.max() >= vocab)):
             raise ValueError(f"stream {name!r}: saved ids do not fit the model's {vocab} ids")
-        if len(blocks) > runner.max_blocks or len(blocks) * pool.block_size < num_cached:
+        region = None
+        if m.get("region") is not None:
+            region = Region.from_json(m["region"], pool.block_size, runner.max_context)
+        table = BlockTable(pool)
+        if region is not None:
+            table.gap_at, table.gap = region.gap_at, region.start + region.size - region.gap_at
+            table.pinned = (region.start + region.size) // pool.block_size
+        need = max(-(-table.slot_end(num_cached) // pool.block_size), table.pinned)
+        if len(blocks) > runner.max_blocks or len(blocks) < need:
             raise ValueError(f"stream {name!r}: block table does not cover its {num_cached} cached tokens")
         if len(blocks) and (blocks.min() < 1 or blocks.max() >= pool.num_blocks) or \
                 len(set(blocks.tolist())) != len(blocks) or used & set(blocks.tolist()):
             raise ValueError(f"stream {name!r}: saved block table is outside the pool or shared")
-        table = BlockTable(pool)
         table.blocks, table.num_cached = blocks.tolist(), num_cached
         used.update(table.blocks)
         text = blobs[f"text/{name}"].decode("utf-8", "surrogatepass")
         pending = _int_field(m, "pending_chars", 0, len(text)) if "pending_chars" in m else 0
+        system_chars = _int_field(m, "system_chars", 0, len(text)) if "system_chars" in m else 0
         streams[name] = Stream(name, table, text, ids.tolist(),
                                _generator(m.get("generator_device"), blobs.get(f"rng/{name}"), device),
                                tok_state=_tok_state(name, m.get("tokenizer"), blobs),
-                               pending=text[len(text) - pending:] if pending else "")
+                               pending=text[len(text) - pending:] if pending else "",
+                               system_chars=system_chars, region=region)
 
     def install() -> None:
         engine.streams = streams
         pool.reset_allocation(used)
+        pool.slot_valid.fill_(True)   # derived state: holes come from the streams' regions
+        for st in streams.values():
+            if st.region is not None:
+                mark_holes(st.table, st.region)
     return install
 
 

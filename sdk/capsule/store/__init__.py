@@ -1,13 +1,15 @@
 """capsule.store: a durable, crash-consistent, append-only page store (bytes in, bytes out).
 
 It knows nothing of models: an epoch is an opaque manifest plus a map (region, index) -> page
-bytes, written as a delta over the previous epoch. Format and protocol: docs/FORMAT.md.
+bytes, written as a delta over the previous epoch; a fact is text, tags and an opaque KV blob.
+Format and protocol: docs/FORMAT.md.
 """
-from .errors import (CapsuleCorrupt, IndexCorrupt, PageCorrupt, SigningKeyError, StoreError, StoreIOError,
-                     StoreLocked, UnknownEpoch)
-from .info import EpochInfo, VerifyReport
+from .errors import (CapsuleCorrupt, FactCorrupt, IndexCorrupt, PageCorrupt, SigningKeyError, StoreError,
+                     StoreIOError, StoreLocked, UnknownEpoch, UnknownFact)
+from .info import EpochInfo, FactInfo, VerifyReport
 from .segments import FileOps
 from .store import Store
 
-__all__ = ["Store", "EpochInfo", "VerifyReport", "FileOps", "StoreError", "CapsuleCorrupt", "StoreLocked",
-           "SigningKeyError", "StoreIOError", "UnknownEpoch", "IndexCorrupt", "PageCorrupt"]
+__all__ = ["Store", "EpochInfo", "FactInfo", "VerifyReport", "FileOps", "StoreError", "CapsuleCorrupt",
+           "StoreLocked", "SigningKeyError", "StoreIOError", "UnknownEpoch", "UnknownFact", "IndexCorrupt",
+           "PageCorrupt", "FactCorrupt"]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 from ..errors import StoreError
 from .errors import StoreIOError, UnknownEpoch
@@ -107,6 +108,31 @@ class Committer:
         self.staged.clear()
         self.writer.committed()
         return [s.info for s in staged]
+
+    def commit_record(self, kind: int, epoch: int, region: str, index: int, data: Any, what: str,
+                      apply: Callable[[sqlite3.Connection, PageRef], None]) -> PageRef:
+        """One record outside any epoch (a fact's KV), durable when this returns: staged epochs
+        commit first (writer.sync covers every byte since the last commit, so they may not sit
+        uncommitted before it), then append -> fsync -> ONE index transaction running
+        apply(conn, ref) with the segments' new ends. On failure nothing of it stays."""
+        self.sync()
+        start = self.writer.position()
+        try:
+            ref = self._append(kind, epoch, region, index, data)
+            self.writer.flush()
+        except OSError as exc:
+            self._undo(start, exc, what)
+        try:
+            ends = self.writer.sync()
+        except OSError as exc:
+            self.fail(exc, f"fsync while {what}")
+        try:
+            with self._lock:
+                self._index.write(what, lambda c: apply(c, ref), ends)
+        except StoreError as exc:
+            self.fail(exc, f"the index commit while {what}")
+        self.writer.committed()
+        return ref
 
     # -- failures and recovery -------------------------------------------------------------------
     def _undo(self, start: Position, exc: OSError, what: str) -> NoReturn:

@@ -23,6 +23,13 @@ class UnknownEpoch(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownFact(StoreError, KeyError):
+    """A fact id the store does not hold (never added, or forgotten: ids are never reused)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class IndexCorrupt(CapsuleCorrupt):
     """index.sqlite is missing, truncated or garbage while segment data exists."""
 
@@ -50,10 +57,33 @@ class PageCorrupt(CapsuleCorrupt):
                                         self.reason, self.loading))
 
 
+class FactCorrupt(PageCorrupt):
+    """A fact's KV record failed verification: region is "fact", index the fact id, epoch 0 (facts
+    belong to no epoch); `version` is the KV version the index expects."""
+
+    def __init__(self, fact_id: int, version: int, segment: int, offset: int, reason: str):
+        self.epoch, self.region, self.index, self.loading, self.version = 0, "fact", fact_id, 0, version
+        self.segment, self.offset, self.reason = segment, offset, reason
+        CapsuleCorrupt.__init__(self, f"{self.summary}. Other facts and every epoch are unaffected; re-encode "
+                                      f"it (Store.set_fact_kv) or forget it; `capsule verify` lists all damage")
+
+    @property
+    def fact_id(self) -> int:
+        return self.index  # type: ignore[return-value]
+
+    @property
+    def summary(self) -> str:
+        return (f"fact {self.index}: its KV record (version {self.version}, segment {self.segment:06d}, "
+                f"offset {self.offset}) is corrupt: {self.reason}")
+
+    def __reduce__(self):
+        return (FactCorrupt, (self.index, self.version, self.segment, self.offset, self.reason))
+
+
 def _rebuild_page_corrupt(*args) -> PageCorrupt:
     *head, loading = args
     return PageCorrupt(*head, loading=loading)
 
 
 __all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError",
-           "UnknownEpoch", "IndexCorrupt", "PageCorrupt"]
+           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "PageCorrupt", "FactCorrupt"]

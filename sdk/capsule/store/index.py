@@ -12,11 +12,12 @@ import os
 import sqlite3
 import struct
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import sqlite_utils
 
 from ..errors import StoreError
+from . import factdb
 from .errors import IndexCorrupt, StoreIOError
 from .info import EpochInfo, PageRef, StagedEpoch
 
@@ -81,6 +82,9 @@ class Index:
                     if segments_exist:
                         raise IndexCorrupt(damaged)
                     index._create_schema()
+                elif factdb.needs_schema(conn):  # a store made before facts: gains the tables
+                    with index.transaction("adding the fact tables") as c:
+                        factdb.create_schema(c)
         except BaseException:
             conn.close()
             raise
@@ -116,6 +120,16 @@ class Index:
         with self._guard("reading"):
             return self._conn.execute(sql, tuple(args)).fetchall()
 
+    query = _query  # for factdb, which keeps the fact SQL out of this module
+
+    def write(self, what: str, apply: Callable[[sqlite3.Connection], None],
+              ends: dict[int, int] | None = None) -> None:
+        """One transaction running apply(conn), plus the segments' new committed ends if given."""
+        with self.transaction(what) as c:
+            apply(c)
+            if ends:
+                self._set_ends(c, ends)
+
     # -- schema / meta -------------------------------------------------------------------------
     def _initialized(self) -> bool:
         if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchall():
@@ -141,6 +155,7 @@ class Index:
             db["pages"].create_index(["epoch"], if_not_exists=True)
             db["pages"].create_index(["superseded"], if_not_exists=True)
             db["pages"].create_index(["segment", "offset"], if_not_exists=True)
+            factdb.create_schema(self._conn)
 
     def get_meta(self) -> dict[str, str]:
         return dict(self._query("SELECT key, value FROM meta"))
@@ -226,13 +241,16 @@ class Index:
         return dict(self._query("SELECT id, committed_end FROM segments WHERE state = ? ORDER BY id", (state,)))
 
     def live_records(self, segment: int | None = None) -> list[tuple[int, int, int]]:
-        """Distinct (segment, offset, length) of every record some row points at, in file order."""
+        """Distinct (segment, offset, length) of every record some row points at (pages,
+        manifests, facts' KV), in file order."""
         if segment is None:
             return self._query("SELECT segment, offset, length FROM pages WHERE segment IS NOT NULL UNION "
-                               "SELECT man_segment, man_offset, man_length FROM epochs ORDER BY 1, 2")
+                               "SELECT man_segment, man_offset, man_length FROM epochs UNION "
+                               "SELECT kv_segment, kv_offset, kv_length FROM facts ORDER BY 1, 2")
         return self._query("SELECT segment, offset, length FROM pages WHERE segment = ? UNION SELECT "
-                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? "
-                           "ORDER BY 1, 2", (segment, segment))
+                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? UNION "
+                           "SELECT kv_segment, kv_offset, kv_length FROM facts WHERE kv_segment = ? "
+                           "ORDER BY 1, 2", (segment, segment, segment))
 
     def repoint(self, moves: dict[tuple[int, int], tuple[int, int]], ends: dict[int, int],
                 dead: list[int]) -> None:
@@ -243,6 +261,8 @@ class Index:
                           (nseg, noff, seg, off))
                 c.execute("UPDATE epochs SET man_segment = ?, man_offset = ? "
                           "WHERE man_segment = ? AND man_offset = ?", (nseg, noff, seg, off))
+                c.execute("UPDATE facts SET kv_segment = ?, kv_offset = ? "
+                          "WHERE kv_segment = ? AND kv_offset = ?", (nseg, noff, seg, off))
             self._set_ends(c, ends)
             c.executemany("UPDATE segments SET state = 'dead' WHERE id = ?", [(s,) for s in dead])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .records import KIND_MANIFEST, KIND_PAGE
 from .segments import Position
 
 
@@ -30,18 +31,39 @@ class VerifyReport:
     records: int
     bytes: int
     problems: tuple[str, ...]
+    facts_bad: tuple[int, ...] = ()   # ids of facts whose KV record is damaged or missing
+
+
+@dataclass(frozen=True)
+class FactInfo:
+    """One persistent memory fact (its KV payload is read with Store.fact_kv). fingerprint / rope
+    name the model and position encoding the KV was computed under; created: unix time."""
+    id: int
+    text: str
+    tags: tuple[str, ...]
+    n_tokens: int
+    fingerprint: str
+    rope: str
+    created: float
+    embedder: str | None
 
 
 @dataclass(frozen=True)
 class PageRef:
     """Where one record lies, and what its header must say. region None: a manifest record.
-    segment None: a tombstone (the page is absent from this epoch's view)."""
+    segment None: a tombstone (the page is absent from this epoch's view). kind 0: derived from
+    region (manifest / page); a fact's ref says KIND_FACT (rec_epoch = KV version, index = fact id)."""
     region: str | None
     index: int | None
     rec_epoch: int
     segment: int | None
     offset: int | None
     length: int | None
+    kind: int = 0
+
+    @property
+    def record_kind(self) -> int:
+        return self.kind or (KIND_MANIFEST if self.region is None else KIND_PAGE)
 
     @property
     def location(self) -> tuple[int | None, int | None]:

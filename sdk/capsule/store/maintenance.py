@@ -10,16 +10,18 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from . import factdb
 from .index import Index
 from .info import PageRef, VerifyReport
 from .reader import check_record, check_ref
-from .records import (KIND_MANIFEST, KIND_PAGE, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
+from .records import (RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
                       decode_record, parse_header)
 from .segments import FileOps, SegmentReader, SegmentWriter, list_segment_files, segment_path
 
 
 def retain(index: Index, keep: int) -> int:
-    """Drop unnamed epochs older than the `keep` newest, and the page rows nobody sees any more."""
+    """Drop unnamed epochs older than the `keep` newest, and the page rows nobody sees any more.
+    Facts belong to no epoch: retention never touches them."""
     infos = index.epochs()
     dropped = [e.id for e in infos[:-keep] if e.name is None]
     if dropped:
@@ -131,15 +133,23 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
             ref, why = first
             what = "manifest" if ref.region is None else f"page {ref.region}[{ref.index}]"
             problems.append(f"epoch {epoch}: {what} (segment {ref.segment}, offset {ref.offset}): {why}")
-    problems += index.integrity_problems()
-    return VerifyReport(not problems, tuple(epochs_ok), tuple(epochs_bad), records, nbytes, tuple(problems))
+        facts_bad = []
+        for ref in factdb.kv_refs(index):
+            why = _check(segs, sealer, ref, scanned)
+            if why:
+                facts_bad.append(ref.index)
+                problems.append(f"fact {ref.index}: KV record version {ref.rec_epoch} (segment {ref.segment}, "
+                                f"offset {ref.offset}): {why}")
+    problems += index.integrity_problems() + factdb.fts_problems(index)
+    return VerifyReport(not problems, tuple(epochs_ok), tuple(epochs_bad), records, nbytes, tuple(problems),
+                        tuple(facts_bad))
 
 
 def _check(segs: SegmentReader, sealer: Sealer, ref: PageRef, scanned: dict[tuple[int, int], tuple]) -> str:
     """'' when the record at ref is valid and is the record the row expects, else why not."""
     seen = scanned.get((ref.segment, ref.offset))  # type: ignore[arg-type]
     if seen is not None:
-        want = (KIND_MANIFEST if ref.region is None else KIND_PAGE, ref.rec_epoch, ref.region or "",
+        want = (ref.record_kind, ref.rec_epoch, ref.region or "",
                 ref.index or 0, ref.length)
         return "" if seen == want else f"the record there is {seen}, the index expects {want}"
     try:  # not reached by the scan (it stopped at damage earlier in the segment)
@@ -156,4 +166,4 @@ def stats(index: Index, path: Path) -> dict[str, int | None]:
     index_bytes = sum(p.stat().st_size for p in path.glob("index.sqlite*") if p.is_file())
     return {"segments": len(live), "segment_bytes": seg_bytes, "bytes_on_disk": seg_bytes + index_bytes,
             "live_bytes": sum(length for _, _, length in index.live_records()),
-            "epochs": len(index.epoch_ids()), "latest": index.latest()}
+            "epochs": len(index.epoch_ids()), "latest": index.latest(), "facts": factdb.count(index)}

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from .errors import PageCorrupt
 from .info import PageRef
-from .records import (KIND_MANIFEST, KIND_PAGE, MAX_RECORD_BYTES, RECORD_HEADER, SEGMENT_HEADER, Buffer,
+from .records import (MAX_RECORD_BYTES, RECORD_HEADER, SEGMENT_HEADER, Buffer,
                       RecordError, Sealer, decode_record)
 from .segments import SegmentReader
 
@@ -28,7 +28,7 @@ def check_ref(ref: PageRef) -> None:
 def check_record(buf: Buffer, ref: PageRef, sealer: Sealer) -> memoryview:
     """Verify one record's bytes against its tag and its index row; returns the payload view."""
     head, region, payload = decode_record(buf, sealer)
-    kind = KIND_MANIFEST if ref.region is None else KIND_PAGE
+    kind = ref.record_kind  # a fact record can never stand in for a page, nor a page for a fact
     if head.kind != kind:
         raise RecordError(f"record kind {head.kind} where the index expects {kind}")
     if (head.epoch, region, head.index) != (ref.rec_epoch, ref.region or "", ref.index or 0):

@@ -16,14 +16,19 @@ import xxhash
 Buffer = Union[bytes, bytearray, memoryview]
 
 FORMAT_VERSION = 1
+# The store format in index meta: 2 once a fact was written (kind-3 records exist). An SDK that
+# reads only 1 refuses such a store instead of compacting fact records away as dead bytes.
+FACTS_FORMAT_VERSION = 2
 SEGMENT_MAGIC = b"CAPSSEG\x00"
 # magic, format version, flags, segment id, xxh3_64 of the preceding 16 bytes
 SEGMENT_HEADER = struct.Struct("<8sHHIQ")
 FLAG_SIGNED = 0x1
 RECORD_MAGIC = b"CREC"
 # magic, format version, kind, tag kind, epoch, page index, region name length, payload length
+# (a fact record: epoch = the fact's KV version, page index = the fact id)
 RECORD_HEADER = struct.Struct("<4sHBBQQHQ")
-KIND_PAGE, KIND_MANIFEST = 1, 2
+KIND_PAGE, KIND_MANIFEST, KIND_FACT = 1, 2, 3
+FACT_REGION = "fact"  # the region name of every fact record; its page index is the fact id
 TAG_XXH3, TAG_HMAC = 1, 2
 TAG_BYTES = {TAG_XXH3: 8, TAG_HMAC: 32}
 MAX_NAME_BYTES = 1024
@@ -119,7 +124,7 @@ def parse_header(buf: Buffer) -> RecordHeader:
         raise RecordError("bad record magic (not a record boundary, or overwritten)")
     if version != FORMAT_VERSION:
         raise RecordError(f"record format version {version} is not supported (this SDK reads {FORMAT_VERSION})")
-    if kind not in (KIND_PAGE, KIND_MANIFEST):
+    if kind not in (KIND_PAGE, KIND_MANIFEST, KIND_FACT):
         raise RecordError(f"unknown record kind {kind}")
     if tag_kind not in TAG_BYTES:
         raise RecordError(f"unknown tag kind {tag_kind}")

@@ -4,11 +4,13 @@ Commit protocol: append records -> fsync the segments (+ the folder when a file 
 -> one SQLite transaction (THE commit point). Recovery cuts the active segment back to its
 committed end. See docs/FORMAT.md.
 
+It also keeps persistent memory facts (facts.py): an index row plus one KV record each.
+
 Threading: a Store may be shared by threads. Writers (stage_epoch, sync, write_epoch, retain,
-compact, close) are serialized by a writer lock; readers (epochs, latest_epoch, resolve,
-load_epoch, load_newest_valid, stats) take only the state lock, which a writer holds just for
-its index transaction: readers never wait for record appends or segment fsyncs, and a long
-load delays only the next commit. verify() holds both locks.
+compact, close, and the fact writers) are serialized by a writer lock; readers (epochs,
+latest_epoch, resolve, load_epoch, load_newest_valid, stats, the fact readers) take only the
+state lock, which a writer holds just for its index transaction: readers never wait for record
+appends or segment fsyncs, and a long load delays only the next commit. verify() holds both locks.
 """
 from __future__ import annotations
 
@@ -23,15 +25,17 @@ from ..errors import CapsuleCorrupt, StoreError
 from . import lockfile, maintenance
 from .commit import Committer
 from .errors import PageCorrupt, SigningKeyError, UnknownEpoch
+from .facts import FactsMixin
 from .index import Index
 from .info import EpochInfo, VerifyReport
 from .reader import read_epoch
-from .records import FORMAT_VERSION, Sealer
+from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
 
-class Store:
-    """A durable, crash-consistent, append-only page store (bytes in, bytes out). Use Store.open."""
+class Store(FactsMixin):
+    """A durable, crash-consistent, append-only page store (bytes in, bytes out), which also keeps
+    memory facts (add_fact, fact_kv, search_facts, ...: see facts.py). Use Store.open."""
 
     def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
                  lock_fd: int):
@@ -233,7 +237,7 @@ class Store:
                 self._commit.fail(exc, "compaction")
 
     def verify(self) -> VerifyReport:
-        """Read and check every record of every segment and every index row."""
+        """Read and check every record of every segment and every index row (facts included)."""
         with self._wlock, self._lock:
             self._check_open()
             return maintenance.verify(self._index, self._seg_dir, self._sealer)
@@ -257,9 +261,9 @@ def _check_signing(path: Path, index: Index, sealer: Sealer) -> None:
                          "key_check": sealer.key_check(store_id)})
         os.chmod(path, 0o700)
         return
-    if meta.get("format_version") != str(FORMAT_VERSION):
+    if meta.get("format_version") not in (str(FORMAT_VERSION), str(FACTS_FORMAT_VERSION)):
         raise StoreError(f"store {path} has format version {meta.get('format_version')}; this SDK reads "
-                         f"{FORMAT_VERSION} (upgrade the SDK)")
+                         f"{FORMAT_VERSION} and {FACTS_FORMAT_VERSION} (upgrade the SDK)")
     if meta.get("signed") == "1" and not sealer.signed:
         raise SigningKeyError(f"store {path} is signed: open it with its sign_key")
     if meta.get("signed") != "1" and sealer.signed:

@@ -1,0 +1,107 @@
+"""A stream's memory region: a block-aligned run of positions between its prefix and the rest.
+
+Layout of a stream with a region (positions; see docs/MEMORY.md):
+
+    [prefix tokens 0..gap_at) [hole to the block end) [region: facts packed, then a hole) [rest]
+
+Tokens from ``gap_at`` on sit behind the region (BlockTable.gap), so changing which facts fill
+the region never moves or recomputes the rest's K/V. Holes are slots attention must not read
+(``pool.slot_valid``). Facts arrive as pre-RoPE keys and values and are rotated to their
+positions and scattered into the region's blocks by ``edge_kernels.rope.rotate_scatter``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from edge_kernels.rope import check_reinjectable, rotate_scatter
+
+from .kv_pool import BlockTable
+from .model import Decoder
+
+
+@dataclass
+class Region:
+    """Where a stream's region lies and which facts fill it: (fact id, position, n_tokens)."""
+    gap_at: int
+    start: int
+    size: int
+    facts: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def fact_ids(self) -> tuple[int, ...]:
+        return tuple(f for f, _, _ in self.facts)
+
+    def to_json(self) -> dict:
+        return {"gap_at": self.gap_at, "start": self.start, "size": self.size,
+                "facts": [list(f) for f in self.facts]}
+
+    @classmethod
+    def from_json(cls, m: object, block_size: int, max_context: int) -> "Region":
+        """Parse saved state (untrusted): every number range-checked, facts inside the region."""
+        if not isinstance(m, dict):
+            raise ValueError("region must be an object")
+        vals = [m.get(k) for k in ("gap_at", "start", "size")]
+        if any(type(v) is not int or v < 0 for v in vals):
+            raise ValueError(f"region fields must be ints >= 0, got {vals}")
+        gap_at, start, size = vals
+        if start % block_size or size % block_size or size == 0 or start + size > max_context \
+                or start != -(-gap_at // block_size) * block_size:
+            raise ValueError(f"region {start}+{size} is not block-aligned after its prefix or "
+                             f"exceeds max_context {max_context}")
+        facts, at = [], start
+        for f in m.get("facts") or []:
+            if not (isinstance(f, list) and len(f) == 3 and all(type(x) is int for x in f)) \
+                    or f[1] != at or f[2] < 1 or f[1] + f[2] > start + size:
+                raise ValueError(f"region fact entry {f!r} is not packed inside the region")
+            facts.append((f[0], f[1], f[2]))
+            at += f[2]
+        return cls(gap_at, start, size, facts)
+
+
+def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
+    """Put an empty region after the first gap_at tokens; later tokens move behind it.
+
+    The caller drops cached K/V from gap_at on (it sits at the old positions).
+    """
+    bs = table.pool.block_size
+    if region_tokens < 1:
+        raise ValueError(f"region_tokens must be >= 1, got {region_tokens}")
+    start = -(-gap_at // bs) * bs
+    size = -(-region_tokens // bs) * bs
+    table.truncate(gap_at)
+    table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs)
+    table.set_valid(gap_at, start + size, False)
+    return Region(gap_at, start, size)
+
+
+def mark_holes(table: BlockTable, region: Region) -> None:
+    """Set slot_valid for the region's blocks from its layout (after a restore)."""
+    table.set_valid(region.gap_at, region.start + region.size, False)
+    for _, pos, n in region.facts:
+        table.set_valid(pos, pos + n, True)
+
+
+def fill(table: BlockTable, region: Region, model: Decoder,
+         facts: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+    """Replace the region's facts: (fact id, k_pre, v), each (L, T, KV, hd), packed in order."""
+    check_reinjectable(model.cfg.rope)
+    total = sum(k.shape[1] for _, k, _ in facts)
+    if total > region.size:
+        raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
+                         f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
+    table.set_valid(region.start, region.start + region.size, False)
+    dev = table.pool.tensor.device
+    placed, at = [], region.start
+    for fid, k_pre, v in facts:
+        n = k_pre.shape[1]
+        positions = list(range(at, at + n))
+        slots = table.slots_at(positions)
+        rotate_scatter(table.pool.tensor, k_pre, v, torch.tensor(positions, device=dev),
+                       torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
+        table.set_valid(at, at + n, True)
+        placed.append((fid, at, n))
+        at += n
+    region.facts = placed

@@ -1,0 +1,225 @@
+"""A Session's persistent memory: remember / forget / recall facts, and their K/V for injection.
+
+Facts live in the session's store (text, tags and an embedding in SQLite, pre-RoPE K/V in the
+segment log), so they survive processes and power cuts. Retrieval needs no extra model: FTS5
+BM25 over the texts, fused with cosine similarity when an embedder (MiniLM) is present.
+
+Threading: not thread-safe on its own; the Session serializes calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CapsuleCorrupt, StoreError
+from ..store.errors import UnknownFact
+from ..llm.model import Decoder
+from ..tokenize import ReferenceTokenizer
+from .embedder import Embedder, load_embedder
+from .encode import FactKV, encode_fact
+from .ranking import EmbeddingIndex, fuse
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """region_tokens: positions a stream reserves for injected facts (on its first memory_k);
+    window: tokens of preceding conversation a fact is encoded after (0: none);
+    max_fact_tokens: longest fact accepted; embedder: "auto" | "minilm" | a folder | None;
+    cache_facts: decoded facts kept in host memory."""
+    region_tokens: int = 512
+    window: int = 0
+    max_fact_tokens: int = 256
+    embedder: str | None = "auto"
+    cache_facts: int = 256
+
+    def __post_init__(self) -> None:
+        for name, lo in (("region_tokens", 1), ("window", 0), ("max_fact_tokens", 1),
+                         ("cache_facts", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"MemoryConfig.{name} must be an int >= {lo}, got {v!r}")
+
+    @classmethod
+    def of(cls, value: "MemoryConfig | Mapping[str, Any] | None") -> "MemoryConfig":
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            known = {f.name for f in dataclasses.fields(cls)}
+            bad = sorted(set(value) - known)
+            if bad:
+                raise ValueError(f"unknown memory settings {bad}; allowed: {sorted(known)}")
+            return cls(**dict(value))
+        raise ValueError(f"memory must be a MemoryConfig, a dict or None, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A recalled fact: its id, text, fused retrieval score (higher is better) and tags."""
+    id: int
+    text: str
+    score: float
+    tags: tuple[str, ...]
+
+
+class Memory:
+    """The facts of one store, encoded for one model."""
+
+    def __init__(self, store: Any, model: Decoder, tokenizer: ReferenceTokenizer,
+                 config: MemoryConfig, model_fingerprint: str) -> None:
+        self.store, self.model, self.tokenizer, self.config = store, model, tokenizer, config
+        cfg = model.cfg
+        # K/V depend on the weights and their dtype; the rope settings say how keys rotate
+        self.fingerprint = f"{model_fingerprint}:{str(model.dtype).replace('torch.', '')}"
+        self.rope = json.dumps(dataclasses.asdict(cfg.rope), sort_keys=True)
+        self._expect = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype)
+        self._kv: OrderedDict[int, FactKV] = OrderedDict()
+        self._embedder: Embedder | None | bool = False     # False: not loaded yet
+        self._index: EmbeddingIndex | None = None
+
+    # -- write --------------------------------------------------------------------------------
+    def remember(self, text: str, tags: Sequence[str] | None = None,
+                 context_ids: Sequence[int] = ()) -> int:
+        """Encode a fact once (pre-RoPE K/V) and store it durably; returns its id."""
+        ids = self._fact_ids(text)
+        ctx = list(context_ids)[-self.config.window:] if self.config.window else []
+        kv = encode_fact(self.model, ids, ctx)
+        emb = self._embed([text])
+        emb_bytes = None if emb is None else emb[0].numpy().astype("<f4").tobytes()
+        fid = self.store.add_fact(text, tags=tuple(tags or ()), n_tokens=len(ids),
+                                  fingerprint=self.fingerprint, rope=self.rope, kv=kv.to_bytes(),
+                                  embedding=emb_bytes,
+                                  embedder=None if emb is None else self._embedder.name)
+        self._cache(fid, kv)
+        if emb is not None and self._index is not None:
+            self._index.add([fid], emb)
+        return fid
+
+    def forget(self, fact_id: int) -> None:
+        self.store.forget_fact(_fact_id(fact_id))
+        self._kv.pop(fact_id, None)
+        if self._index is not None:
+            self._index.remove([fact_id])
+
+    def reencode(self) -> int:
+        """Re-encode every fact stored under another model or rope; returns how many."""
+        n = 0
+        for info in self.store.facts():
+            if (info.fingerprint, info.rope) != (self.fingerprint, self.rope):
+                self._reencode(info)
+                n += 1
+        return n
+
+    # -- read ---------------------------------------------------------------------------------
+    def recall(self, query: str, k: int = 8) -> list[Fact]:
+        """Top-k facts for query: BM25 over texts, fused with cosine when an embedder is present."""
+        if not isinstance(query, str):
+            raise ValueError(f"query must be a str, got {type(query).__name__}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an int >= 0, got {k!r}")
+        if k == 0 or not query.strip():
+            return []
+        lexical = self.store.search_facts(query, 4 * k)
+        semantic: list[tuple[int, float]] = []
+        emb = self._embed([query])
+        if emb is not None:
+            semantic = self._loaded_index().search(emb[0], 4 * k)
+        ranked = fuse(lexical, semantic, k)
+        infos = {f.id: f for f in self.store.facts([i for i, _ in ranked])}
+        return [Fact(i, infos[i].text, s, infos[i].tags) for i, s in ranked if i in infos]
+
+    def kv(self, fact_id: int) -> FactKV | None:
+        """The fact's K/V for this model (re-encoded once if stored under another); None, with a
+        warning, when its record is damaged: a damaged fact is never injected."""
+        got = self._kv.get(fact_id)
+        if got is not None:
+            self._kv.move_to_end(fact_id)
+            return got
+        infos = self.store.facts([fact_id])
+        if not infos:
+            return None
+        info = infos[0]
+        try:   # a fact forgotten meanwhile (UnknownFact) is simply not injected
+
+            if (info.fingerprint, info.rope) != (self.fingerprint, self.rope):
+                return self._reencode(info)
+            kv = FactKV.from_bytes(self.store.fact_kv(fact_id), expect=self._expect)
+            if kv.n_tokens != info.n_tokens:
+                raise ValueError(f"holds {kv.n_tokens} tokens, its row says {info.n_tokens}")
+        except UnknownFact:
+            return None
+        except (CapsuleCorrupt, ValueError) as exc:
+            warnings.warn(f"memory fact {fact_id} is damaged and was skipped: {exc}", stacklevel=3)
+            return None
+        self._cache(fact_id, kv)
+        return kv
+
+    def count(self) -> int:
+        return self.store.count_facts()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _fact_ids(self, text: str) -> list[int]:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("a fact must be a non-empty str")
+        ids = self.tokenizer.encode(text)
+        if len(ids) > self.config.max_fact_tokens:
+            raise ValueError(f"the fact is {len(ids)} tokens; the limit is "
+                             f"{self.config.max_fact_tokens} (MemoryConfig.max_fact_tokens)")
+        return ids
+
+    def _reencode(self, info: Any) -> FactKV:
+        kv = encode_fact(self.model, self._fact_ids(info.text))   # the context is not stored
+        self.store.set_fact_kv(info.id, n_tokens=kv.n_tokens, fingerprint=self.fingerprint,
+                               rope=self.rope, kv=kv.to_bytes())
+        self._cache(info.id, kv)
+        return kv
+
+    def _cache(self, fact_id: int, kv: FactKV) -> None:
+        if self.config.cache_facts:
+            self._kv[fact_id] = kv
+            while len(self._kv) > self.config.cache_facts:
+                self._kv.popitem(last=False)
+
+    def _embed(self, texts: list[str]) -> torch.Tensor | None:
+        if self._embedder is False:
+            self._embedder = load_embedder(self.config.embedder)
+        return None if self._embedder is None else self._embedder.embed(texts)
+
+    def _loaded_index(self) -> EmbeddingIndex:
+        """Every fact's embedding stacked once; facts embedded by another model are redone."""
+        if self._index is None:
+            emb = self._embedder
+            index = EmbeddingIndex(emb.dim)
+            have = {}
+            for fid, name, blob in self.store.fact_embeddings():
+                if name == emb.name and len(blob) == 4 * emb.dim:
+                    have[fid] = np.frombuffer(blob, dtype="<f4")
+            if have:
+                index.add(list(have), np.stack(list(have.values())))
+            missing = [f for f in self.store.facts() if f.id not in have]
+            for i in range(0, len(missing), 64):
+                part = missing[i:i + 64]
+                vecs = emb.embed([f.text for f in part])
+                index.add([f.id for f in part], vecs)
+                for f, v in zip(part, vecs):
+                    try:
+                        self.store.set_fact_embedding(f.id, v.numpy().astype("<f4").tobytes(),
+                                                      emb.name)
+                    except StoreError:
+                        pass   # forgotten meanwhile: the index entry goes with the next forget
+            self._index = index
+        return self._index
+
+
+def _fact_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"fact ids are ints >= 1, got {value!r}")
+    return value

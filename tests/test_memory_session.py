@@ -1,0 +1,185 @@
+"""Persistent memory through the Session: remember / recall / forget, injection of pre-RoPE
+fact K/V into a stream's memory region, exactness against block-diagonal prefill, capsules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from capsule import Session
+
+RT = {"kv_pool_mb": 16, "max_context": 1024}
+FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes green tea.",
+         "The robot's name is Rex.", "Bay 3 holds the spare batteries."]
+
+
+def _open(path, **kw):
+    return Session.open(path, model="builtin:tiny", runtime=RT, memory={"embedder": None}, **kw)
+
+
+def _region_kv(s, name="main"):
+    st = s._engine.streams[name]
+    r = st.region
+    pool, bs = s._engine.pool, s._engine.pool.block_size
+    out = []
+    for _, pos, n in r.facts:
+        for p in range(pos, pos + n):
+            out.append(pool.tensor[st.table.blocks[p // bs], :, :, p % bs].clone())
+    return torch.stack(out)                                   # (n, L, 2, KV, hd)
+
+
+def _conversation(s):
+    s.append("system: you are a helpful robot.\n", system=True)
+    s.append("user: where is the charger?\nassistant:")
+
+
+def test_injection_equals_block_diagonal_prefill(tmp_path):
+    with _open(tmp_path / "a") as a:
+        for t in FACTS:
+            a.remember(t)
+        _conversation(a)
+        got = a.generate(12, memory_k=3)
+        region = a._engine.streams["main"].region
+        assert len(region.facts) == 3 and region.start % 16 == 0
+        kv_injected = _region_kv(a)
+        texts = {f: t for f, t in zip(range(1, 6), FACTS)}
+        layout = list(region.facts)
+    with _open(tmp_path / "b") as b:
+        _conversation(b)
+        eng = b._engine
+        eng.fill_memory("main", [], 512)            # the same (empty) region, all holes
+        st = eng.streams["main"]
+        model, pool = eng.runner.model, eng.pool
+        for fid, pos, n in layout:                  # each fact prefilled alone at its positions
+            ids = b.tokenizer.encode(texts[fid])
+            assert len(ids) == n
+            alone = torch.zeros_like(pool.slot_valid)
+            st.table.set_valid(pos, pos + n, True)
+            blocks = torch.tensor(st.table.blocks)
+            for p in range(pos, pos + n):
+                alone[blocks[p // 16], p % 16] = True
+            with torch.inference_mode():
+                model(torch.tensor([ids]), torch.arange(pos, pos + n).view(1, -1),
+                      torch.tensor(st.table.slots_at(list(range(pos, pos + n)))),
+                      blocks.view(1, -1), pool.tensor, slot_valid=alone)
+        st.region.facts = layout
+        kv_prefilled = _region_kv(b)
+        expect = b.generate(12)
+    assert torch.allclose(kv_injected, kv_prefilled, atol=1e-5, rtol=0)
+    assert got == expect
+
+
+def test_changing_memory_keeps_the_conversation_kv(tmp_path):
+    with _open(tmp_path / "s") as s:
+        for t in FACTS:
+            s.remember(t)
+        _conversation(s)
+        s.append(" Please answer after checking the map of the warehouse, the shelves and the"
+                 " docking bays one by one, and tell me which bay it is in.")
+        s.generate(4, memory_k=1)
+        st = s._engine.streams["main"]
+        first = st.region.fact_ids
+        pinned = st.table.pinned
+        conv_blocks = list(st.table.blocks[pinned:])
+        before = s._engine.pool.tensor[conv_blocks].clone()
+        n_cached = st.table.num_cached
+        s.append(" user: is the red cup fragile?")
+        s.generate(1, memory_k=1)
+        assert st.region.fact_ids != first
+        after = s._engine.pool.tensor[conv_blocks]
+        # whole blocks of K/V cached before the memory changed are bit-identical (the last,
+        # partial one is rewritten from the append's seam on)
+        whole = (st.table.position(n_cached - 1) + 1) // 16 - pinned
+        assert whole >= 1
+        assert torch.equal(before[:whole], after[:whole])
+
+
+def test_facts_persist_across_processes_and_forget(tmp_path):
+    path = tmp_path / "s"
+    with _open(path) as s:
+        ids = [s.remember(t, tags=["home"]) for t in FACTS]
+    code = textwrap.dedent(f"""
+        from capsule import Session
+        with Session.open({str(path)!r}, model="builtin:tiny", runtime={RT!r},
+                          memory={{"embedder": None}}) as s:
+            top = s.recall("where is the charger", k=1)
+            assert top[0].text == "The charger is in bay 2.", top
+            assert s.recall("spare batteries", k=1)[0].id == {ids[4]}
+            s.append("user: where is the charger?")
+            s.generate(2, memory_k=2)
+            assert {ids[1]} in s._engine.streams["main"].region.fact_ids
+            s.forget({ids[1]})
+            assert all(f.id != {ids[1]} for f in s.recall("charger bay", k=5))
+            print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with _open(path) as s:
+        assert [f.id for f in s.recall("charger", k=5)] == []
+        assert s._memory.count() == 4
+
+
+def test_capsule_restore_brings_back_the_injected_set(tmp_path):
+    path = tmp_path / "s"
+    with _open(path) as s:
+        for t in FACTS:
+            s.remember(t)
+        _conversation(s)
+        s.generate(3, memory_k=2)
+        facts = list(s._engine.streams["main"].region.facts)
+        kv = _region_kv(s)
+        s.checkpoint()
+        nxt = s.generate(6)
+    with _open(path) as s:
+        assert s._engine.streams["main"].region.facts == facts
+        assert torch.equal(_region_kv(s), kv)
+        assert s.generate(6) == nxt
+
+
+def test_bad_memory_input(tmp_path):
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+                      memory={"embedder": None, "max_fact_tokens": 8, "region_tokens": 32}) as s:
+        with pytest.raises(ValueError, match="non-empty"):
+            s.remember("   ")
+        with pytest.raises(ValueError, match="limit is 8"):
+            s.remember("a fact that is much longer than eight tokens for sure, really long")
+        s.remember("The cup is red.")
+        s.append("user: cup?")
+        with pytest.raises(ValueError, match="memory_k <= 32"):
+            s.generate(1, memory_k=33)
+        with pytest.raises(ValueError, match="memory_k"):
+            s.generate(1, memory_k=-1)
+        with pytest.raises(ValueError, match="fact ids"):
+            s.forget(0)
+        with pytest.raises(KeyError):
+            s.forget(99)
+    with pytest.raises(ValueError, match="unknown memory settings"):
+        Session.open(tmp_path / "t", model="builtin:tiny", memory={"regoin_tokens": 5})
+
+
+def test_system_text_must_come_first(tmp_path):
+    with _open(tmp_path / "s") as s:
+        s.append("user: hi")
+        with pytest.raises(ValueError, match="system text goes first"):
+            s.append("system: late", system=True)
+
+
+def test_damaged_fact_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "s"
+    with _open(path) as s:
+        fid = s.remember("The charger is in bay 2.")
+    seg = sorted((path / "segments").glob("*.seg"))[-1]
+    data = bytearray(seg.read_bytes())
+    data[-40] ^= 0xFF                      # inside the fact's KV payload
+    seg.write_bytes(bytes(data))
+    with _open(path) as s:
+        s.append("user: where is the charger?")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s.generate(1, memory_k=1)
+        assert any(f"memory fact {fid} is damaged" in str(w.message) for w in caught)
+        assert s._engine.streams["main"].region.facts == []
