@@ -26,7 +26,8 @@ def inspect_store(path: str | os.PathLike) -> str:
         stats = store.stats()
         epochs = store.epochs()
         lines = [f"store {path}: {len(epochs)} epoch(s), {stats['segments']} segment(s), "
-                 f"{stats['bytes_on_disk'] / 2**20:.2f} MiB on disk, {stats['live_bytes'] / 2**20:.2f} MiB live"]
+                 f"{stats['bytes_on_disk'] / 2**20:.2f} MiB on disk, {stats['live_bytes'] / 2**20:.2f} MiB live, "
+                 f"{stats.get('facts', 0)} memory fact(s)"]
         if not epochs:
             return "\n".join(lines + ["(no epochs yet)"])
         lines.append(f"{'epoch':>6} {'name':<12} {'created (UTC)':<20} {'bytes':>10} {'pages':>6} {'base':>5}  streams")
@@ -44,7 +45,12 @@ def inspect_store(path: str | os.PathLike) -> str:
         n = len(pages[region])
         lines.append(f"  region {region}: {n} page(s), {sum(len(p) for p in pages[region].values())} bytes")
     for s in doc.get("host", {}).get("streams", []):
-        lines.append(f"  stream {s['name']!r}: {s['n_ids']} tokens, {s['num_cached']} with KV cached")
+        region = s.get("region")
+        mem = ""
+        if isinstance(region, dict):   # shown as saved; a restore range-checks it
+            facts = [f[0] for f in region.get("facts") or [] if isinstance(f, list) and f]
+            mem = f", memory region of {region.get('size')} positions with facts {facts}"
+        lines.append(f"  stream {s['name']!r}: {s['n_ids']} tokens, {s['num_cached']} with KV cached{mem}")
     app = doc.get("host", {}).get("app_state") or {}
     lines.append(f"  app state keys: {', '.join(sorted(app)) or '-'}")
     return "\n".join(lines)
@@ -58,5 +64,7 @@ def verify_store(path: str | os.PathLike) -> tuple[bool, str]:
              f"{report.bytes} bytes; epochs ok: {len(report.epochs_ok)}, bad: {len(report.epochs_bad)}"]
     if report.epochs_bad:
         lines.append(f"  bad epochs: {', '.join(map(str, report.epochs_bad))}")
+    if report.facts_bad:
+        lines.append(f"  damaged memory facts (never injected): {', '.join(map(str, report.facts_bad))}")
     lines += [f"  problem: {p}" for p in report.problems]
     return report.ok, "\n".join(lines)
