@@ -16,13 +16,14 @@ from . import assembly
 from .errors import StoreError
 from .llm import SamplingParams
 from .llm.engine import Engine
-from .memory.facts import Fact, Memory, MemoryConfig
+from .memory.facts import Memory, MemoryConfig
+from .session_memory import MemoryMethods
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
 from .tokenize import load_reference
 
 
-class Session:
+class Session(MemoryMethods):
     """An LLM (and later a policy) with its execution state, bound to a capsule store."""
 
     def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
@@ -167,51 +168,6 @@ class Session:
             if not system:
                 self._last_user[stream] = text
 
-    # -- memory -----------------------------------------------------------------------------
-    def remember(self, text: str, *, tags: Sequence[str] | None = None,
-                 context: str | None = None) -> int:
-        """Store a fact durably, its K/V computed once (keys before RoPE); returns its id.
-
-        context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
-        the "main" stream's text, when a window is configured.
-        """
-        with self._lock:
-            mem = self._mem()
-            ctx: list[int] = []
-            if mem.config.window:
-                if context is not None:
-                    ctx = self.tokenizer.encode(context)
-                elif "main" in self._llm().streams:
-                    ctx = self._llm().streams["main"].ids
-            return mem.remember(text, tags, ctx)
-
-    def forget(self, fact_id: int) -> None:
-        """Delete a fact (durable when it returns); streams drop it at their next memory_k."""
-        with self._lock:
-            self._mem().forget(fact_id)
-
-    def recall(self, query: str, k: int = 8) -> list[Fact]:
-        """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
-        with self._lock:
-            return self._mem().recall(query, k)
-
-    def _inject(self, names: Sequence[str], memory_k: int) -> None:
-        mem, engine = self._mem(), self._llm()
-        limit = min(mem.config.region_tokens, engine.pool.capacity_tokens)
-        if memory_k > limit:
-            raise ValueError(f"memory_k={memory_k} facts cannot fit: the memory region holds "
-                             f"{mem.config.region_tokens} tokens and the KV pool "
-                             f"{engine.pool.capacity_tokens}; use memory_k <= {limit}")
-        for name in names:
-            s = engine.stream(name)
-            query = self._last_user.get(name) or s.text[-500:]
-            chosen = []
-            for fact in mem.recall(query, memory_k):
-                kv = mem.kv(fact.id)
-                if kv is not None:
-                    chosen.append((fact.id, kv.k_pre, kv.v))
-            engine.fill_memory(name, chosen, mem.config.region_tokens)
-
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, memory_k: int = 0) -> str | dict[str, str]:
@@ -277,12 +233,6 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this Session is closed; open a new one")
-
-    def _mem(self) -> Memory:
-        self._check_open()
-        if self._memory is None:
-            raise ValueError("this Session has no model (opened with model=None): memory needs one")
-        return self._memory
 
     def _llm(self) -> Engine:
         self._check_open()
