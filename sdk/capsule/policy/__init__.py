@@ -1,0 +1,23 @@
+"""capsule.policy: robot policies run through engines bound to static buffers.
+
+    runner = load_policy("builtin:gru", device="cpu", engines=("onnxruntime", "torch"),
+                         registry=registry)
+    action = runner.step({"observation.state": q})   # q: (14,) or (1, 14) float32
+    runner.reset_state()                              # new episode: hidden <- 0, in place
+
+Sources: an .onnx file following the LeRobot-like convention (inputs `observation.state`,
+optional `observation.environment_state` / `observation.images.<cam>` / `hidden_in`; outputs
+`action`, optional `hidden_out`; batch 1), or a builtin ("builtin:mlp", "builtin:mlp-chunk",
+"builtin:gru": UNTRAINED, seeded random weights, for examples and tests). Engines: torch
+(builtins only; CUDA graph on CUDA), onnxruntime (IOBinding), tensorrt (CUDA graph).
+Nothing here is thread-safe: the Session serializes calls.
+"""
+from .buffers import PolicyBuffers
+from .builtin import builtin_policy
+from .export import export_onnx
+from .runner import PolicyRunner, load_policy
+from .source import ENGINES, EngineUnavailable
+from .spec import PolicySpec
+
+__all__ = ["ENGINES", "EngineUnavailable", "PolicyBuffers", "PolicyRunner", "PolicySpec", "builtin_policy",
+           "export_onnx", "load_policy"]

@@ -1,0 +1,100 @@
+"""onnxruntime engine: an InferenceSession whose IOBinding points at the static buffers.
+
+Inputs are bound to buffers.obs[*] and buffers.hidden (as `hidden_in`), outputs to
+buffers.action and to a second static buffer for `hidden_out`, which is copied into
+buffers.hidden after the run (the model never reads and writes the same memory in one run,
+and buffers.hidden never moves, so a restore lands where the binding points). The binding is
+made once; a step is one run_with_iobinding plus that copy_, and allocates nothing after
+warm-up. Providers: TensorRT/CUDA execution providers when the device is CUDA and ORT offers
+them, else CPU (one intra-op thread: these policies are far too small to gain from more).
+Not thread-safe: the runner serializes calls.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..paths import cache_dir
+from .buffers import PolicyBuffers
+from .source import EngineUnavailable, PolicySource
+from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
+
+CPU_EP, CUDA_EP, TRT_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+ORT_EXTRA = "pip install 'exec-capsules[onnx]' (CPU) or onnxruntime-gpu (CUDA)"
+
+
+def choose_providers(ort: Any, device: torch.device) -> list[Any]:
+    """Execution providers for `device` from what this onnxruntime build offers."""
+    offered = ort.get_available_providers()
+    if device.type == "cpu":
+        return [CPU_EP]
+    if device.type != "cuda":
+        raise EngineUnavailable(f"device type {device.type!r} is not supported (cpu, cuda)")
+    idx = device.index or 0
+    chosen: list[Any] = []
+    if TRT_EP in offered:
+        engines = cache_dir() / "policy" / "ort-trt"
+        engines.mkdir(parents=True, exist_ok=True)
+        chosen.append((TRT_EP, {"device_id": idx, "trt_engine_cache_enable": True,
+                                "trt_engine_cache_path": str(engines)}))
+    if CUDA_EP in offered:
+        chosen.append((CUDA_EP, {"device_id": idx}))
+    if not chosen:
+        raise EngineUnavailable(f"onnxruntime offers {offered}: no CUDA provider for {device} ({ORT_EXTRA})")
+    return chosen + [CPU_EP]  # CPU takes the shape-only nodes the GPU providers leave
+
+
+class OrtEngine:
+    name = "onnxruntime"
+
+    def __init__(self, source: PolicySource, buffers: PolicyBuffers, *, threads: int = 1):
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise EngineUnavailable(f"onnxruntime is not importable ({exc}); {ORT_EXTRA}") from None
+        dev = buffers.device
+        self.buffers = buffers
+        self.cuda = dev.type == "cuda"
+        providers = choose_providers(ort, dev)
+        path = source.onnx_path()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception:
+            if not providers or providers[0][0] != TRT_EP:
+                raise
+            # the TensorRT provider could not build (libs missing, unsupported op): without it
+            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers[1:])
+        used = self.session.get_providers()
+        if self.cuda and used[0] == CPU_EP:
+            raise EngineUnavailable(f"onnxruntime fell back to {CPU_EP} for a CUDA device (offered: {used})")
+        self.detail = used[0]
+        # hidden_out lands here, then copy_ into buffers.hidden: a static twin, never registered
+        self.hidden_next = torch.empty_like(buffers.hidden) if buffers.hidden is not None else None
+        self.binding = self.session.io_binding()
+        for key, t in buffers.obs.items():
+            self._bind(self.binding.bind_input, key, t)
+        if buffers.hidden is not None:
+            self._bind(self.binding.bind_input, HIDDEN_IN, buffers.hidden)
+            self._bind(self.binding.bind_output, HIDDEN_OUT, self.hidden_next)
+        self._bind(self.binding.bind_output, ACTION, buffers.action)
+        for _ in range(2):  # warm-up: ORT sizes its arena and plans memory on the first runs
+            self.run()
+
+    def _bind(self, bind: Any, name: str, t: torch.Tensor) -> None:
+        dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+        bind(name, t.device.type, t.device.index or 0, dtype, list(t.shape), t.data_ptr())
+
+    def run(self) -> None:
+        # hot path: no allocation. On CUDA, ORT runs on its own stream: the obs copies queued on
+        # torch's stream must land first; ORT synchronizes its stream before run returns.
+        if self.cuda:
+            torch.cuda.current_stream(self.buffers.device).synchronize()
+        self.session.run_with_iobinding(self.binding)
+        if self.hidden_next is not None:
+            self.buffers.hidden.copy_(self.hidden_next)  # in place: (1, H) <- (1, H)

@@ -1,0 +1,162 @@
+"""tensorrt engine: a serialized TensorRT engine bound to the static buffers, in a CUDA graph.
+
+`tensorrt` is imported lazily, so this module imports anywhere; without a CUDA device or
+without the package the constructor raises EngineUnavailable and selection moves on.
+The plan (serialized engine bytes, not pickle) is built once from the ONNX file and cached
+under cache_dir()/policy/trt, keyed by TensorRT version, GPU compute capability and name,
+precision, input shapes and the model digest. Tensor addresses are set once
+(set_tensor_address) to the static buffers; `hidden_out` goes to a static twin that is
+copied into buffers.hidden inside the same graph. The step (execute_async_v3 + that copy) is
+captured into a CUDA graph; a step is one replay on torch's current stream and allocates
+nothing. Not thread-safe: the runner serializes calls.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..paths import cache_dir
+from .buffers import PolicyBuffers, torch_dtype
+from .source import EngineUnavailable, PolicySource
+from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
+
+PRECISIONS = ("fp32", "fp16")
+PLAN_RECIPE = 1  # bump when build_plan changes what it builds (flags, profiles)
+log = logging.getLogger("capsule.policy")
+
+
+def plan_key(trt_version: str, capability: tuple[int, int], gpu: str, precision: str,
+             shapes: dict[str, list[int]], digest: str) -> str:
+    """Cache key of a built plan: it is only valid for exactly these."""
+    blob = json.dumps({"recipe": PLAN_RECIPE, "trt": trt_version, "gpu": gpu,
+                       "sm": f"{capability[0]}{capability[1]}", "precision": precision,
+                       "shapes": shapes, "digest": digest}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class TensorRTEngine:
+    name = "tensorrt"
+
+    def __init__(self, source: PolicySource, buffers: PolicyBuffers, *, precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        dev = buffers.device
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            raise EngineUnavailable(f"needs a CUDA device (policy device is {dev}, "
+                                    f"torch.cuda.is_available() is {torch.cuda.is_available()})")
+        try:
+            import tensorrt as trt
+        except ImportError as exc:
+            raise EngineUnavailable(f"tensorrt is not importable ({exc}); pip install "
+                                    "'exec-capsules[tensorrt]' or use JetPack's python3-libnvinfer") from None
+        self.buffers = buffers
+        self.hidden_next = torch.empty_like(buffers.hidden) if buffers.hidden is not None else None
+        tensors = dict(buffers.obs)  # graph input names are the observation keys
+        tensors[ACTION] = buffers.action
+        if buffers.hidden is not None:
+            tensors[HIDDEN_IN], tensors[HIDDEN_OUT] = buffers.hidden, self.hidden_next
+        shapes = {k: list(t.shape) for k, t in tensors.items()}
+        logger = trt.Logger(trt.Logger.ERROR)
+        plan = self._plan(trt, logger, source, dev, precision, shapes)
+        self.engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+        if self.engine is None:
+            raise EngineUnavailable("TensorRT could not deserialize the cached plan")
+        self.context = self.engine.create_execution_context()
+        for i in range(self.engine.num_io_tensors):  # bound once: the buffers never move
+            name = self.engine.get_tensor_name(i)
+            t = tensors.get(name)
+            if t is None:
+                raise EngineUnavailable(f"the TensorRT engine has I/O tensor {name!r}, no buffer has that name")
+            want = torch_dtype(np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))).name)
+            if t.dtype != want:
+                raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer is {t.dtype}")
+            if self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+                self.context.set_input_shape(name, tuple(t.shape))
+            self.context.set_tensor_address(name, t.data_ptr())
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.detail = f"TensorRT {trt.__version__} {precision}"
+        self._capture()
+
+    def _plan(self, trt: Any, logger: Any, source: PolicySource, dev: torch.device, precision: str,
+              shapes: dict[str, list[int]]) -> bytes:
+        cap = torch.cuda.get_device_capability(dev)
+        key = plan_key(trt.__version__, cap, torch.cuda.get_device_name(dev), precision, shapes,
+                       source.spec.digest)
+        path = cache_dir() / "policy" / "trt" / f"{key[:32]}.plan"
+        if path.is_file():
+            return path.read_bytes()
+        plan = build_plan(trt, logger, source.onnx_path(), precision)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(plan)
+        os.replace(tmp, path)
+        return plan
+
+    def _enqueue(self) -> None:
+        stream = torch.cuda.current_stream(self.buffers.device)
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 returned False")
+        if self.hidden_next is not None:
+            self.buffers.hidden.copy_(self.hidden_next)  # in place, same stream: (1, H) <- (1, H)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream(self.buffers.device)
+        side.wait_stream(torch.cuda.current_stream(self.buffers.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # TensorRT defers some setup to the first enqueue: not in capture
+                self._enqueue()
+        side.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=side):
+                self._enqueue()
+            torch.cuda.synchronize(self.buffers.device)
+        except RuntimeError as exc:  # some plans are not capturable: run them enqueue by enqueue
+            log.warning("tensorrt: CUDA graph capture failed (%s); running without a graph", exc)
+            self.detail += ", no CUDA graph"
+            return
+        self.graph = graph
+        self.detail += ", CUDA graph"
+
+    def run(self) -> None:
+        # hot path: one graph replay (or one enqueue) on torch's current stream; no allocation
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._enqueue()
+
+
+def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:
+    """Parse the ONNX file and build a serialized engine; batch dims pinned to 1."""
+    builder = trt.Builder(logger)
+    major = int(trt.__version__.split(".")[0])
+    # TensorRT 10 networks are always explicit-batch; 8.x needs the flag
+    flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise EngineUnavailable(f"TensorRT's ONNX parser rejected {onnx_path.name}: {errors}")
+    config = builder.create_builder_config()
+    if precision == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+    elif hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 means fp32: match torch/ORT to ~1e-6
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    if any(-1 in tuple(inp.shape) for inp in inputs):  # a symbolic batch dim: one profile at 1
+        profile = builder.create_optimization_profile()
+        for inp in inputs:
+            shape = (1, *tuple(inp.shape)[1:])
+            profile.set_shape(inp.name, shape, shape, shape)
+        config.add_optimization_profile(profile)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise EngineUnavailable("TensorRT engine build returned nothing (set the logger to VERBOSE to see why)")
+    return bytes(blob)

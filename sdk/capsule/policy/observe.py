@@ -1,0 +1,89 @@
+"""Observation intake: validate a step's observation and copy it into the static obs buffers.
+
+Accepts, per key, a numpy array or a torch tensor (any device) of exactly the spec's dtype,
+shaped either `shape` or `(1, *shape)`. Everything is validated before anything is copied,
+so a bad observation leaves the buffers (which are checkpointed) untouched. On CPU a numpy
+observation is copied straight into a numpy view of the buffer; on CUDA through a pinned
+host staging buffer allocated once. Not thread-safe: the runner serializes calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .buffers import PolicyBuffers, torch_dtype
+from .spec import PolicySpec
+
+
+@dataclass(frozen=True)
+class _Slot:
+    key: str
+    shape: tuple[int, ...]       # without batch
+    batched: tuple[int, ...]     # (1, *shape)
+    np_dtype: np.dtype
+    torch_dtype: torch.dtype
+    dst: torch.Tensor            # the static buffer (1, *shape)
+    host: torch.Tensor           # dst itself on CPU, else a pinned staging twin
+    host_np: np.ndarray          # numpy view of host
+
+    def check(self, value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            dtype, shape = value.dtype, value.shape
+            ok_dtype = dtype == self.np_dtype
+        elif isinstance(value, torch.Tensor):
+            dtype, shape = value.dtype, tuple(value.shape)
+            ok_dtype = dtype == self.torch_dtype
+        else:
+            raise ValueError(f"observation {self.key!r} must be a numpy array or a torch tensor of "
+                             f"shape {self.shape} {self.np_dtype}, got {type(value).__name__}")
+        if not ok_dtype:
+            raise ValueError(f"observation {self.key!r}: expected dtype {self.np_dtype}, got {dtype} "
+                             f"(convert it, e.g. .astype(np.{self.np_dtype}))")
+        if shape != self.shape and shape != self.batched:
+            raise ValueError(f"observation {self.key!r}: expected shape {self.shape} or {self.batched}, "
+                             f"got {tuple(shape)}")
+
+    def put(self, value: Any) -> None:
+        # hot path: no allocation. (shape) broadcasts into (1, *shape).
+        if isinstance(value, np.ndarray):
+            np.copyto(self.host_np, value)
+            if self.host is not self.dst:
+                self.dst.copy_(self.host, non_blocking=True)  # staging is reused only after the
+                # step's action readback synchronized, so the upload has finished by then
+        else:
+            self.dst.copy_(value)
+
+
+class ObservationLoader:
+    """Validates observations against a spec and writes them into PolicyBuffers.obs."""
+
+    def __init__(self, spec: PolicySpec, buffers: PolicyBuffers):
+        on_cpu = buffers.device.type == "cpu"
+        self._slots: list[_Slot] = []
+        for key, (shape, dtype) in spec.observation.items():
+            dst = buffers.obs[key]
+            host = dst if on_cpu else torch.zeros(dst.shape, dtype=dst.dtype, pin_memory=True)
+            self._slots.append(_Slot(key, shape, (1, *shape), np.dtype(dtype), torch_dtype(dtype), dst,
+                                     host, host.numpy()))
+        self._keys = frozenset(spec.observation)
+
+    def expected(self) -> str:
+        return ", ".join(f"{s.key!r} {s.shape} {s.np_dtype}" for s in self._slots)
+
+    def load(self, observation: Mapping[str, Any]) -> None:
+        if not isinstance(observation, Mapping):
+            raise ValueError(f"observation must be a mapping of key -> array, got "
+                             f"{type(observation).__name__}; expected {self.expected()}")
+        for slot in self._slots:
+            if slot.key not in observation:
+                raise ValueError(f"observation is missing {slot.key!r} (expected {self.expected()}; "
+                                 f"got keys {sorted(observation)})")
+            slot.check(observation[slot.key])
+        if len(observation) != len(self._slots):
+            extra = sorted(k for k in observation if k not in self._keys)
+            raise ValueError(f"observation has unknown key(s) {extra}; this policy takes {self.expected()}")
+        for slot in self._slots:
+            slot.put(observation[slot.key])

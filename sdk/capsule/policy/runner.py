@@ -1,0 +1,127 @@
+"""PolicyRunner and load_policy: a policy bound to static buffers, run through one engine.
+
+load_policy resolves the source (builtin module or ONNX file, validated at load), allocates
+the static buffers once, then tries the requested engines in order and keeps the first that
+builds here, logging one line on logger "capsule.policy" that says which engine runs and why
+the others were skipped. A step validates the observation, copies it into the obs buffers,
+runs the engine (obs + hidden -> action, hidden in place) and returns a fresh numpy copy of
+the action. Threading: a PolicyRunner is not thread-safe; the Session serializes step,
+reset_state and checkpoint/restore of the buffers.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError
+from ..state.regions import RegionRegistry
+from .buffers import PolicyBuffers
+from .observe import ObservationLoader
+from .source import ENGINES, Engine, EngineUnavailable, PolicySource, resolve_source
+from .spec import PolicySpec
+
+log = logging.getLogger("capsule.policy")
+
+
+def _engine_factory(name: str) -> Callable[[PolicySource, PolicyBuffers], Engine]:
+    if name == "torch":
+        from .engine_torch import TorchEngine
+        return TorchEngine
+    if name == "onnxruntime":
+        from .engine_ort import OrtEngine
+        return OrtEngine
+    from .engine_trt import TensorRTEngine
+    return TensorRTEngine
+
+
+class PolicyRunner:
+    """One policy on one engine over its static PolicyBuffers.
+
+    Attributes: spec, buffers, engine_name ("torch" | "onnxruntime" | "tensorrt"),
+    engine_detail (provider / graph mode), skipped (engine -> why it was not used).
+    Not thread-safe: call step/reset_state from one thread at a time (the Session's lock).
+    """
+
+    def __init__(self, spec: PolicySpec, buffers: PolicyBuffers, engine: Engine, *,
+                 skipped: Mapping[str, str] | None = None):
+        self.spec = spec
+        self.buffers = buffers
+        self.engine = engine
+        self.engine_name: str = engine.name
+        self.engine_detail: str = engine.detail
+        self.skipped: dict[str, str] = dict(skipped or {})
+        self._obs = ObservationLoader(spec, buffers)
+        action = buffers.action[0]                                   # ([T,] A) view, made once
+        if buffers.device.type == "cpu":
+            self._action_src, self._action_host = action, action
+        else:  # device -> pinned host, then a numpy copy
+            self._action_src = action
+            self._action_host = torch.zeros(action.shape, dtype=action.dtype, pin_memory=True)
+        self._action_np = self._action_host.numpy()
+
+    def step(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """One policy step: observation -> action shaped spec.action_shape (a new array).
+
+        Raises ValueError naming the key on a missing/unknown key or a wrong shape/dtype; the
+        buffers are untouched then. Recurrent policies carry buffers.hidden to the next step.
+        """
+        self._obs.load(observation)          # validate, then copy into the static obs buffers
+        self.engine.run()                    # obs, hidden -> action, hidden (in place)
+        if self._action_host is not self._action_src:
+            self._action_host.copy_(self._action_src)   # synchronous D2H into pinned memory
+        return self._action_np.copy()        # the only allocation of a step: the caller's array
+
+    def reset_state(self) -> None:
+        """Start a new episode: hidden <- zeros, in place (same storage; graphs stay valid)."""
+        if self.buffers.hidden is not None:
+            self.buffers.hidden.zero_()
+
+    def __repr__(self) -> str:
+        return (f"PolicyRunner({self.spec.name!r}, engine={self.engine_name!r} ({self.engine_detail}), "
+                f"device={self.buffers.device})")
+
+
+def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu",
+                engines: Sequence[str] = ("onnxruntime", "torch"),
+                registry: RegionRegistry | None = None) -> PolicyRunner:
+    """Load `source` ("builtin:mlp|mlp-chunk|gru" or an .onnx path) onto the first engine that works.
+
+    Engines are tried in order; one that cannot run here (missing package, provider or
+    CUDA; the torch engine for an ONNX file) is skipped. Raises ModelLoadError (or its
+    subclass UnsupportedArchitecture) when the source breaks the I/O convention, or when no
+    engine works (the message lists each engine's reason). With `registry`, the buffers are
+    registered: obs "policy.obs.<key>" (input), "policy.action" (output), "policy.hidden" (policy).
+    """
+    engines = tuple(engines)
+    unknown = [e for e in engines if e not in ENGINES]
+    if not engines or unknown:
+        raise ValueError(f"engines must be a non-empty sequence of {', '.join(ENGINES)}; got {list(engines)}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"policy device {dev} requested, but torch.cuda.is_available() is False; "
+                             "use device='cpu'")
+    src = resolve_source(source)
+    buffers = PolicyBuffers(src.spec, dev)
+    skipped: dict[str, str] = {}
+    engine: Engine | None = None
+    for name in engines:
+        try:
+            engine = _engine_factory(name)(src, buffers)
+            break
+        except EngineUnavailable as exc:
+            skipped[name] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not hide the next one
+            skipped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if engine is None:
+        reasons = "; ".join(f"{n}: {r}" for n, r in skipped.items())
+        raise ModelLoadError(f"no policy engine can run {src.spec.name} on {dev}: {reasons}")
+    buffers.zero_()  # warm-up ran on zeros and moved hidden; start the episode clean
+    note = "".join(f"; skipped {n} ({r})" for n, r in skipped.items())
+    log.info("policy %s: engine %s (%s) on %s%s", src.spec.name, engine.name, engine.detail, dev, note)
+    if registry is not None:
+        buffers.register(registry)
+    return PolicyRunner(src.spec, buffers, engine, skipped=skipped)
