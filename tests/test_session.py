@@ -184,7 +184,7 @@ def test_store_folder_is_private(tmp_path):
     assert (tmp_path / "s").stat().st_mode & 0o777 == 0o700
 
 
-def test_policy_not_yet_available(tmp_path):
-    with pytest.raises(NotImplementedError, match="policy=None"):
-        Session.open(tmp_path / "s", policy="builtin:mlp", device="cpu")
+def test_bad_policy_creates_nothing(tmp_path):
+    with pytest.raises(ModelLoadError, match="builtin:nope"):
+        Session.open(tmp_path / "s", model=None, policy="builtin:nope", device="cpu")
     _assert_not_created(tmp_path / "s")

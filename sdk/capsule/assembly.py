@@ -19,6 +19,8 @@ from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
 from .llm.streams import export_streams, import_streams
+from .policy import load_policy
+from .policy.actor import Actor
 from .state.binding import Binding
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
@@ -65,12 +67,22 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
     return LLMParts(Engine(runner, pool, tok), tok, info)
 
 
-def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: RegionRegistry) -> Binding:
+def build_actor(policy: str | os.PathLike, profile: devices.DeviceProfile,
+                registry: RegionRegistry) -> Actor:
+    """The policy on the profile's device through its engine preference (static buffers)."""
+    dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
+    return Actor(load_policy(policy, device=dev, engines=profile.engines, registry=registry), registry)
+
+
+def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: RegionRegistry,
+               actor: Actor | None = None) -> Binding:
     rt = profile.runtime
     # settings that change numerics are bound too: graphs attend over every block, eager over
     # those in use; the prefill chunking changes reduction order
     layout = {"regions": registry.layout(), "block_size": rt.block_size, "buckets": list(rt.batch_buckets),
               "max_context": rt.max_context, "cuda_graphs": rt.cuda_graphs, "prefill_chunk": rt.prefill_chunk}
+    if actor is not None:   # a capsule's hidden state means nothing to other policy weights
+        layout["policy"] = actor.runner.spec.digest
     model = "none"
     if llm:  # the weights and the config that says what they mean (rope, norms)
         cfg = llm.engine.runner.model.cfg.fingerprint()

@@ -18,17 +18,18 @@ from .llm import SamplingParams
 from .llm.engine import Engine
 from .memory.facts import Memory, MemoryConfig
 from .session_memory import MemoryMethods
+from .session_policy import PolicyMethods
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
 from .tokenize import load_reference
 
 
-class Session(MemoryMethods):
-    """An LLM (and later a policy) with its execution state, bound to a capsule store."""
+class Session(MemoryMethods, PolicyMethods):
+    """An LLM and/or a robot policy with their execution state, bound to a capsule store."""
 
     def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
                  registry: RegionRegistry, store: Any, checkpointer: Checkpointer,
-                 memory: Memory | None = None):
+                 memory: Memory | None = None, actor: Any = None):
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
@@ -42,6 +43,7 @@ class Session(MemoryMethods):
         self._ckpt = checkpointer
         self._state: dict = {}
         self._memory = memory
+        self._actor = actor
         self._last_user: dict[str, str] = {}   # each stream's latest appended text: memory's query
         self._lock = threading.RLock()
         self._closed = False
@@ -60,11 +62,10 @@ class Session(MemoryMethods):
         restore: restore the newest committed, fully valid epoch (``restored_epoch`` says which).
         keep_epochs: epochs retained in the store (default: the profile's checkpoint.keep_epochs).
         memory: MemoryConfig (or a dict of its fields) for remember / recall / memory_k.
+        policy: an .onnx file or builtin:mlp | builtin:mlp-chunk | builtin:gru, run by the first
+        engine of the profile's `engines` that works here (see act, reset, episode).
         Nothing is created on disk unless the model and tokenizer load.
         """
-        if policy is not None:
-            raise NotImplementedError("policies are not implemented yet (see the policy-engines issue); "
-                                      "open with policy=None")
         store_path = Path(path)
         if store_path.exists() and not store_path.is_dir():
             raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
@@ -78,15 +79,16 @@ class Session(MemoryMethods):
             raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")
         registry = RegionRegistry()
         llm = assembly.build_llm(model, tokenizer, profile, registry) if model is not None else None
+        actor = assembly.build_actor(policy, profile, registry) if policy is not None else None
         if llm is None and tokenizer is not None:
             load_reference(tokenizer)  # fail early on a bad name even without a model
-        binding = assembly.binding_of(llm, profile, registry)
+        binding = assembly.binding_of(llm, profile, registry, actor)
         store = assembly.open_store(store_path, sign_key)
         try:
             mem = None if llm is None else Memory(store, llm.engine.runner.model, llm.tokenizer,
                                                   mem_config, binding.model)
             session = cls(store_path, profile, llm, registry, store,
-                          assembly.build_checkpointer(store, llm, binding, registry, keep), mem)
+                          assembly.build_checkpointer(store, llm, binding, registry, keep), mem, actor)
             if restore:
                 session._restore(None)
         except BaseException:

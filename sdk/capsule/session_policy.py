@@ -1,0 +1,52 @@
+"""Session methods for the robot policy: act, reset, episode (LeRobot-like select_action).
+
+Mixed into Session: they use its lock and Actor. The policy's hidden state and action queue
+are static buffers in the region registry, so every capsule carries them.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from .policy.actor import Actor
+
+
+class PolicyMethods:
+    _lock: threading.RLock
+    _actor: Actor | None
+
+    def _check_open(self) -> None:   # provided by Session
+        raise NotImplementedError
+
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """One action (A,) for this tick: served from the action queue when the policy emitted
+        a chunk, else from one policy step (``observation.state`` and any other inputs the
+        policy declares, numpy or torch, with or without the batch dimension)."""
+        with self._lock:
+            return self._policy().act(observation)
+
+    def reset(self) -> None:
+        """Start a new episode: the action queue empties and the policy's hidden state is zeroed."""
+        with self._lock:
+            self._policy().reset()
+
+    @contextlib.contextmanager
+    def episode(self) -> Iterator["PolicyMethods"]:
+        """``with session.episode():`` runs one episode from a fresh policy state."""
+        self.reset()
+        yield self
+
+    @property
+    def policy_engine(self) -> str:
+        """Which engine runs the policy ("torch", "onnxruntime" or "tensorrt")."""
+        return self._policy().runner.engine_name
+
+    def _policy(self) -> Actor:
+        self._check_open()
+        if self._actor is None:
+            raise ValueError("this Session has no policy; open it with policy=<.onnx path or "
+                             "builtin:mlp | builtin:mlp-chunk | builtin:gru>")
+        return self._actor

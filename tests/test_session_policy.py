@@ -1,0 +1,96 @@
+"""Session.act / reset / episode over the policy engines; the queue and hidden state in capsules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from capsule import CapsuleMismatch, Session
+from capsule.policy import export_onnx, load_policy
+
+
+def _obs(i: int) -> dict:
+    rng = np.random.default_rng(i)
+    return {"observation.state": rng.standard_normal(14).astype(np.float32)}
+
+
+def test_chunked_policy_serves_its_queue_in_order(tmp_path):
+    ref = load_policy("builtin:mlp-chunk")
+    chunk0, chunk1 = ref.step(_obs(0)), ref.step(_obs(4))          # (4, 6) each
+    with Session.open(tmp_path / "s", model=None, policy="builtin:mlp-chunk") as s:
+        got = [s.act(_obs(i)) for i in range(8)]   # observations 1-3, 5-7 are not used
+    assert np.array_equal(np.stack(got[:4]), chunk0)
+    assert np.array_equal(np.stack(got[4:]), chunk1)
+
+
+def test_recurrent_actions_equal_a_hand_threaded_onnxruntime_run(tmp_path):
+    path = export_onnx("builtin:gru", tmp_path / "gru.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    hidden = np.zeros((1, 32), dtype=np.float32)
+    expect = []
+    for i in range(20):
+        action, hidden = sess.run(["action", "hidden_out"],
+                                  {"observation.state": _obs(i)["observation.state"][None],
+                                   "hidden_in": hidden})
+        expect.append(action[0])
+    with Session.open(tmp_path / "s", model=None, policy=str(path)) as s:
+        got = [s.act(_obs(i)) for i in range(20)]
+    np.testing.assert_allclose(np.stack(got), np.stack(expect), atol=1e-6, rtol=0)
+    assert not np.allclose(got[0], got[1])   # the state really moves
+
+
+@pytest.mark.parametrize("policy", ["builtin:gru", "builtin:mlp-chunk"])
+def test_capsule_mid_episode_continues_in_a_fresh_process(tmp_path, policy):
+    path = tmp_path / "s"
+    with Session.open(path, model=None, policy=policy) as s:
+        for i in range(5):                    # mid-chunk: 3 actions still queued
+            s.act(_obs(i))
+        s.checkpoint()
+        expect = np.stack([s.act(_obs(i)) for i in range(5, 12)])
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from capsule import Session
+        def obs(i):
+            rng = np.random.default_rng(i)
+            return {{"observation.state": rng.standard_normal(14).astype(np.float32)}}
+        with Session.open({str(path)!r}, model=None, policy={policy!r}) as s:
+            assert s.restored_epoch is not None
+            np.save({str(tmp_path / "got.npy")!r}, np.stack([s.act(obs(i)) for i in range(5, 12)]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "got.npy"), expect)
+
+
+def test_reset_and_episode_start_fresh(tmp_path):
+    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+        first = s.act(_obs(0))
+        s.act(_obs(1))
+        s.reset()
+        assert np.array_equal(s.act(_obs(0)), first)
+        s.act(_obs(2))
+        with s.episode():
+            assert np.array_equal(s.act(_obs(0)), first)
+
+
+def test_restore_into_another_policy_is_refused(tmp_path):
+    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+        s.act(_obs(0))
+        s.checkpoint()
+    with pytest.raises(CapsuleMismatch):
+        Session.open(tmp_path / "s", model=None, policy="builtin:mlp")
+
+
+def test_policy_errors(tmp_path):
+    with Session.open(tmp_path / "s", model=None, policy="builtin:mlp") as s:
+        with pytest.raises(ValueError, match="observation.state"):
+            s.act({"observation.state": np.zeros(3, dtype=np.float32)})
+        with pytest.raises(ValueError, match="observation.state"):
+            s.act({})
+    with Session.open(tmp_path / "t", model=None) as s:
+        with pytest.raises(ValueError, match="no policy"):
+            s.act(_obs(0))
