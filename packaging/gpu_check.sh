@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU check for a machine with a CUDA GPU, in under 5 minutes: the CUDA-marked tests, the decode
-# bench (capture seconds per bucket, step latency with graphs on and off) and `capsule doctor`.
+# GPU check for a machine with a CUDA GPU, in under 5 minutes: the CUDA-marked tests (paged decode
+# graphs, tensor BPE, RoPE scatter, policy engines: torch graph, ORT CUDA EP, TensorRT), the decode
+# bench (capture seconds per bucket, step latency with graphs on and off), policy step latency per
+# engine, the tensor BPE kernel on 1M characters, and `capsule doctor`.
 # Usage: packaging/gpu_check.sh   (from anywhere; OUT=dir to choose where the bench writes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +63,12 @@ with tempfile.TemporaryDirectory() as d:
     print(f"rollback + first token, graphs kept: {kept * 1e3:.1f} ms; "
           f"fresh open + restore + re-capture + first token: {fresh * 1e3:.1f} ms")
 PYEOF
+
+echo "== policy engines: step latency per engine (ORT CUDA EP, TensorRT plan + CUDA graph when present)"
+timeout 120 "${CAPSULE[@]}" bench --suite control --quick --out "${OUT:-bench-results}/gpu-check-control-$(date +%Y%m%d-%H%M%S)"
+
+echo "== tensor BPE: 1M characters merged on the GPU (target: well under 10 ms)"
+timeout 240 "${CAPSULE[@]}" bench --suite tokenize-bpe --out "${OUT:-bench-results}/gpu-check-bpe-$(date +%Y%m%d-%H%M%S)"
 
 echo "== capsule doctor"
 timeout 60 "${CAPSULE[@]}" doctor

@@ -20,3 +20,19 @@ def test_robot_agent_continues_after_a_restart(tmp_path):
     assert "fresh start" in first and "epoch    2" in first
     second = _run(tmp_path / "agent", 1)
     assert "restored epoch 2 at step 2" in second and "epoch    3" in second
+
+
+CONTROL = Path(__file__).resolve().parents[1] / "examples" / "robot_control.py"
+
+
+def test_robot_control_continues_its_episode(tmp_path):
+    def run() -> str:
+        res = subprocess.run([sys.executable, str(CONTROL), "--store", str(tmp_path / "arm"),
+                              "--seconds", "0.3", "--device", "cpu"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+    first = run()
+    assert "fresh episode" in first and "ticks 0..29" in first
+    second = run()
+    assert "restored epoch 3 at tick 30" in second and "ticks 30..59" in second

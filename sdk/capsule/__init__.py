@@ -10,7 +10,8 @@ Quick use::
 from ._version import __version__
 from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatch, ModelLoadError,
                      StoreError, TokenizerError, UnsupportedArchitecture, VocabMismatch)
+from .control import ControlLoop
 from .session import Session
 
-__all__ = ["__version__", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
+__all__ = ["__version__", "ControlLoop", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
            "ModelLoadError", "StoreError", "TokenizerError", "UnsupportedArchitecture", "VocabMismatch"]

@@ -1,0 +1,58 @@
+"""A 100 Hz control loop whose policy state survives power cuts.
+
+The policy (builtin:gru: seeded random weights, untrained) runs through the fastest engine the
+device profile allows; its hidden state and action queue are capsule state, and a capsule is
+staged every 10 ticks without blocking the loop (disk I/O runs on the writer thread). Kill it
+and run it again: it continues the same episode from its last capsule.
+
+    python examples/robot_control.py --store /tmp/arm.capsules --seconds 2
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from capsule import ControlLoop, Session
+
+
+def observation(tick: int) -> dict:
+    # a stand-in for joint encoders: a slow sine per joint
+    q = np.sin(0.01 * tick + np.arange(14, dtype=np.float32)).astype(np.float32)
+    return {"observation.state": q}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", default="arm.capsules")
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--hz", type=float, default=100.0)
+    ap.add_argument("--policy", default="builtin:gru")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+
+    with Session.open(args.store, model=None, policy=args.policy, device=args.device) as s:
+        if s.restored_epoch is None:
+            s.state = {"tick": 0}
+            print(f"fresh episode (engine {s.policy_engine})")
+        else:
+            print(f"restored epoch {s.restored_epoch} at tick {s.state['tick']} (engine {s.policy_engine})")
+        start = s.state["tick"]
+        last = {}
+
+        def step(k: int) -> None:
+            tick = start + k
+            last["action"] = s.act(observation(tick))
+            s.state = {"tick": tick + 1}     # capsule state: where the episode is
+
+        loop = ControlLoop(s, hz=args.hz, checkpoint_every=10)
+        st = loop.run(step, duration_s=args.seconds)
+        s.flush()
+        print(f"ticks {start}..{s.state['tick'] - 1}: {st.steps} steps, {st.misses} deadline misses, "
+              f"step p50/p99 {st.step_p50_ms:.3f}/{st.step_p99_ms:.3f} ms, {st.checkpoints} capsules "
+              f"(stall p99 {st.checkpoint_stall_p99_ms:.3f} ms)")
+        print("last action", np.round(last["action"], 4).tolist())
+
+
+if __name__ == "__main__":
+    main()
