@@ -5,7 +5,7 @@ device profile allows; its hidden state and action queue are capsule state, and 
 staged every 10 ticks without blocking the loop (disk I/O runs on the writer thread). Kill it
 and run it again: it continues the same episode from its last capsule.
 
-    python examples/robot_control.py --store /tmp/arm.capsules --seconds 2
+    python examples/robot_control.py --store /tmp/arm.capsules --steps 200
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def observation(tick: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", default="arm.capsules")
-    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--hz", type=float, default=100.0)
     ap.add_argument("--policy", default="builtin:gru")
     ap.add_argument("--device", default="auto")
@@ -46,7 +46,7 @@ def main() -> None:
             s.state = {"tick": tick + 1}     # capsule state: where the episode is
 
         loop = ControlLoop(s, hz=args.hz, checkpoint_every=10)
-        st = loop.run(step, duration_s=args.seconds)
+        st = loop.run(step, steps=args.steps)
         s.flush()
         print(f"ticks {start}..{s.state['tick'] - 1}: {st.steps} steps, {st.misses} deadline misses, "
               f"step p50/p99 {st.step_p50_ms:.3f}/{st.step_p99_ms:.3f} ms, {st.checkpoints} capsules "

@@ -28,7 +28,7 @@ CONTROL = Path(__file__).resolve().parents[1] / "examples" / "robot_control.py"
 def test_robot_control_continues_its_episode(tmp_path):
     def run() -> str:
         res = subprocess.run([sys.executable, str(CONTROL), "--store", str(tmp_path / "arm"),
-                              "--seconds", "0.3", "--device", "cpu"],
+                              "--steps", "30", "--device", "cpu"],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         return res.stdout
