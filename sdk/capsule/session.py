@@ -1,14 +1,18 @@
 """Session: the one front object. It composes the parts below and holds no logic of its own.
 
-Threading: a Session may be shared between threads; its calls are serialized by a lock.
-Several Sessions may live in one process (they share only read-only vocabularies).
+Threading: a Session may be shared between threads. LLM and memory calls are serialized by one
+lock, act / reset by another, so a control loop's act never waits for a generate on a chat
+thread; checkpoint, rollback and close take both (in that order), so a capsule is a consistent
+cut and waits for a running LLM call. Several Sessions may live in one process (they share only
+read-only vocabularies).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import devices
 
@@ -45,7 +49,8 @@ class Session(MemoryMethods, PolicyMethods):
         self._memory = memory
         self._actor = actor
         self._last_user: dict[str, str] = {}   # each stream's latest appended text: memory's query
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()          # LLM, memory, store
+        self._policy_lock = threading.RLock()   # act / reset: a control loop never waits on an LLM call
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -98,7 +103,7 @@ class Session(MemoryMethods, PolicyMethods):
 
     def close(self) -> None:
         """Wait for pending background checkpoints, then release the store. Raises a write failure."""
-        with self._lock:
+        with self._whole():
             if self._closed:
                 return
             self._closed = True
@@ -120,9 +125,10 @@ class Session(MemoryMethods, PolicyMethods):
 
         wait=True: durable when this returns. wait=False: only stages the dirty pages (host copies)
         and returns; a background writer makes it durable (see flush). A write failure is raised
-        by the next checkpoint / flush / close.
+        by the next checkpoint / flush / close. It waits for a running LLM call (a capsule is
+        taken between steps), not the other way round.
         """
-        with self._lock:
+        with self._whole():
             self._check_open()
             host = assembly.host_state(self._llm_parts, self._state)
             return self._ckpt.checkpoint(host, wait=wait, name=name)
@@ -135,7 +141,7 @@ class Session(MemoryMethods, PolicyMethods):
 
     def rollback(self, epoch_or_name: int | str) -> int:
         """Restore an epoch in place (same buffers, no re-capture); returns the epoch."""
-        with self._lock:
+        with self._whole():
             self._check_open()
             return self._restore(epoch_or_name)
 
@@ -232,6 +238,12 @@ class Session(MemoryMethods, PolicyMethods):
         self._state = assembly.check_app_state(value)
 
     # -- internals --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _whole(self) -> Iterator[None]:
+        """Both locks, always in this order (act takes only the policy lock): a consistent cut."""
+        with self._lock, self._policy_lock:
+            yield
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this Session is closed; open a new one")

@@ -1,6 +1,7 @@
 """Session methods for the robot policy: act, reset, episode (LeRobot-like select_action).
 
-Mixed into Session: they use its lock and Actor. The policy's hidden state and action queue
+Mixed into Session: they take only its policy lock, so a control loop's act never waits for an
+LLM call on another thread (capsules take both locks). The policy's hidden state and action queue
 are static buffers in the region registry, so every capsule carries them.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .policy.actor import Actor
 
 
 class PolicyMethods:
-    _lock: threading.RLock
+    _policy_lock: threading.RLock
     _actor: Actor | None
 
     def _check_open(self) -> None:   # provided by Session
@@ -25,12 +26,12 @@ class PolicyMethods:
         """One action (A,) for this tick: served from the action queue when the policy emitted
         a chunk, else from one policy step (``observation.state`` and any other inputs the
         policy declares, numpy or torch, with or without the batch dimension)."""
-        with self._lock:
+        with self._policy_lock:
             return self._policy().act(observation)
 
     def reset(self) -> None:
         """Start a new episode: the action queue empties and the policy's hidden state is zeroed."""
-        with self._lock:
+        with self._policy_lock:
             self._policy().reset()
 
     @contextlib.contextmanager
