@@ -94,3 +94,27 @@ def test_policy_errors(tmp_path):
     with Session.open(tmp_path / "t", model=None) as s:
         with pytest.raises(ValueError, match="no policy"):
             s.act(_obs(0))
+
+
+def test_act_does_not_wait_for_an_llm_call_on_another_thread(tmp_path):
+    import threading
+    with Session.open(tmp_path / "s", model="builtin:tiny", policy="builtin:mlp",
+                      runtime={"kv_pool_mb": 8}) as s:
+        held, release = threading.Event(), threading.Event()
+
+        def llm_call():   # stands in for a long generate: it holds the LLM lock
+            with s._lock:
+                held.set()
+                release.wait(10)
+        t = threading.Thread(target=llm_call)
+        t.start()
+        held.wait(5)
+        done = threading.Event()
+        threading.Thread(target=lambda: (s.act(_obs(0)), done.set())).start()
+        assert done.wait(5), "act blocked behind the LLM lock"
+        ckpt = threading.Event()
+        threading.Thread(target=lambda: (s.checkpoint(wait=False), ckpt.set())).start()
+        assert not ckpt.wait(0.3)          # a capsule waits for the LLM call (a consistent cut)
+        release.set()
+        t.join()
+        assert ckpt.wait(10)
