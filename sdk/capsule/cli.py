@@ -1,4 +1,4 @@
-"""`capsule` command line: demo | doctor | bench | inspect | verify. Parsing and dispatch only."""
+"""`capsule` command line: demo | doctor | bench | memory | inspect | verify. Parsing and dispatch only."""
 from __future__ import annotations
 
 import argparse
@@ -66,6 +66,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_memory_reencode(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .session import Session
+
+    store = Path(args.store)
+    try:
+        if not (store / "index.sqlite").exists() and not (store / "segments").exists():
+            raise ValueError(f"{args.store!r} is not a capsule store folder")
+        # restore=False: only the facts are touched, not the streams (they may be another model's)
+        with Session.open(store, model=args.model, device=args.device, restore=False,
+                          memory={"embedder": None}) as s:
+            n, total = s._memory.reencode(), s._memory.count()
+    except (CapsuleError, ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1   # as the other subcommands (2 is for usage errors)
+    print(f"re-encoded {n} of {total} fact(s) for {args.model}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # --debug is accepted before or after the verb; SUPPRESS keeps a subcommand from resetting it
     common = argparse.ArgumentParser(add_help=False)
@@ -95,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer sizes and steps")
     bench.add_argument("--steps", type=int, default=None, help="timed decode steps per batch size")
     bench.set_defaults(func=_cmd_bench)
+
+    memory = sub.add_parser("memory", parents=[common], help="manage a store's persistent memory facts")
+    memory_sub = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
+    reencode = memory_sub.add_parser("reencode", parents=[common],
+                                     help="re-encode facts stored under another model (or rope) for this one")
+    reencode.add_argument("store", help="store folder")
+    reencode.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")
+    reencode.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
+    reencode.set_defaults(func=_cmd_memory_reencode)
 
     for verb, what, func in (("inspect", "list a store's epochs, sizes, fingerprints and streams", _cmd_inspect),
                              ("verify", "read and check every record (exit 1 on damage)", _cmd_verify)):

@@ -76,9 +76,20 @@ def _tokenize_bpe(opts: BenchOptions) -> SuiteResult:
     return run(opts)
 
 
+def _memory(opts: BenchOptions) -> SuiteResult:
+    from .memory import run
+    return run(opts)
+
+
+def _control(opts: BenchOptions) -> SuiteResult:
+    from .control import run
+    return run(opts)
+
+
 SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules,
                                                 "tokenize": _tokenize, "tokenize-diff": _tokenize_diff,
-                                                "tokenize-bpe": _tokenize_bpe})
+                                                "tokenize-bpe": _tokenize_bpe, "memory": _memory,
+                                                "control": _control})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

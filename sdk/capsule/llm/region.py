@@ -93,15 +93,20 @@ def fill(table: BlockTable, region: Region, model: Decoder,
         raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
     table.set_valid(region.start, region.start + region.size, False)
+    region.facts = []
+    if not facts:
+        return
     dev = table.pool.tensor.device
     placed, at = [], region.start
-    for fid, k_pre, v in facts:
-        n = k_pre.shape[1]
-        positions = list(range(at, at + n))
-        slots = table.slots_at(positions)
-        rotate_scatter(table.pool.tensor, k_pre, v, torch.tensor(positions, device=dev),
-                       torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
-        table.set_valid(at, at + n, True)
-        placed.append((fid, at, n))
-        at += n
+    for fid, k_pre, _ in facts:
+        placed.append((fid, at, k_pre.shape[1]))
+        at += k_pre.shape[1]
+    positions = list(range(region.start, at))
+    slots = table.slots_at(positions)
+    # all facts in one rotate + scatter pass: (L, sum T, KV, hd)
+    k_all = torch.cat([k for _, k, _ in facts], dim=1)
+    v_all = torch.cat([v for _, _, v in facts], dim=1)
+    rotate_scatter(table.pool.tensor, k_all, v_all, torch.tensor(positions, device=dev),
+                   torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
+    table.set_valid(region.start, at, True)
     region.facts = placed
