@@ -252,8 +252,9 @@ def run(opts: BenchOptions) -> SuiteResult:
         "threads": "main thread: control loop, s.act and checkpoint staging; the Session's background "
                    "writer: disk I/O and fsync; 'chat' thread (chat on): the same Session's LLM",
         "chat_thread": f"{CHAT_HZ:g} turns/s on its own grid: s.append(<short user line>, stream='chat') then "
-                       f"s.generate({CHAT_TOKENS}, stream='chat'); each call holds the Session lock, so an act "
-                       "(or a checkpoint) arriving meanwhile waits for it",
+                       f"s.generate({CHAT_TOKENS}, stream='chat'); each call holds the Session's LLM "
+                       "lock: an act (policy lock only) does not wait for it, a checkpoint (both "
+                       "locks) does",
         "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
         **{m: getattr(sys.modules.get(m), "__version__", None) for m in ("onnxruntime", "tensorrt")},
         "gil_switch_interval_ms": sys.getswitchinterval() * 1e3,
