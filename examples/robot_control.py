@@ -40,8 +40,9 @@ def main() -> None:
         start = s.state["tick"]
         last = {}
 
-        def step(k: int) -> None:
-            tick = start + k
+        def step(_slot: int) -> None:
+            # count steps taken, not schedule slots: a missed deadline skips slots, not ticks
+            tick = s.state["tick"]
             last["action"] = s.act(observation(tick))
             s.state = {"tick": tick + 1}     # capsule state: where the episode is
 

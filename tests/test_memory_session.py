@@ -183,3 +183,26 @@ def test_damaged_fact_is_skipped_with_a_warning(tmp_path):
             s.generate(1, memory_k=1)
         assert any(f"memory fact {fid} is damaged" in str(w.message) for w in caught)
         assert s._engine.streams["main"].region.facts == []
+
+
+def test_the_memory_query_is_capsule_state(tmp_path):
+    # the facts memory_k picks come from the latest appended text: it must survive a restore
+    # and follow a rollback, or a resumed robot would inject other facts
+    path = tmp_path / "s"
+    with _open(path) as s:
+        for t in FACTS:
+            s.remember(t)
+        s.append("user: where is the charger?")
+        e = s.checkpoint()
+        s.generate(2, memory_k=1)
+        expect = s._engine.streams["main"].region.fact_ids
+        s.append("user: tell me about Alice and her tea.")
+        s.generate(2, memory_k=1)
+        assert s._engine.streams["main"].region.fact_ids != expect
+        s.rollback(e)
+        s.generate(2, memory_k=1)
+        assert s._engine.streams["main"].region.fact_ids == expect
+    with _open(path, restore=True) as s:
+        assert s.restored_epoch == e
+        s.generate(2, memory_k=1)
+        assert s._engine.streams["main"].region.fact_ids == expect

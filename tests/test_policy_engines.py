@@ -370,3 +370,9 @@ def test_cuda_tensorrt_engine(name):
     assert registry.data_ptrs() == ptrs
     again = load_policy(f"builtin:{name}", device="cuda", engines=("tensorrt",))  # from the plan cache
     np.testing.assert_allclose(run(again, obs), cpu, atol=1e-4, rtol=0)
+
+
+def test_exported_policy_files_are_private(tmp_path):
+    import stat
+    path = export_onnx("builtin:mlp", tmp_path / "mlp.onnx")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from capsule import CapsuleMismatch, Session
+from capsule import CapsuleCorrupt, CapsuleMismatch, Session
 from capsule.policy import export_onnx, load_policy
 
 
@@ -118,3 +118,21 @@ def test_act_does_not_wait_for_an_llm_call_on_another_thread(tmp_path):
         release.set()
         t.join()
         assert ckpt.wait(10)
+
+
+def test_an_out_of_range_queue_cursor_is_never_restored(tmp_path, monkeypatch):
+    from capsule.policy.actor import Actor
+    path = tmp_path / "s"
+    with Session.open(path, model=None, policy="builtin:mlp-chunk") as s:
+        s.act(_obs(0))
+        good = s.checkpoint()
+        s.act(_obs(1))
+        monkeypatch.setattr(Actor, "state", lambda self: {"queued": 99, "served": 1})
+        s.checkpoint()   # checksummed like any capsule, but its cursor is out of range
+    monkeypatch.undo()
+    with pytest.raises(CapsuleCorrupt, match="cursor"):   # said, never installed
+        Session.open(path, model=None, policy="builtin:mlp-chunk")
+    with Session.open(path, model=None, policy="builtin:mlp-chunk", restore=False) as s:
+        s.rollback(good)
+        ref = load_policy("builtin:mlp-chunk").step(_obs(0))
+        assert np.array_equal(s.act(_obs(5)), ref[1])   # the good capsule's queue continues

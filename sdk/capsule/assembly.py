@@ -117,21 +117,28 @@ def check_app_state(value: object) -> dict:
     return dict(value)
 
 
-def host_state(llm: LLMParts | None, app_state: dict) -> tuple[dict, dict[str, bytes]]:
+def host_state(llm: LLMParts | None, app_state: dict,
+               actor: Actor | None = None) -> tuple[dict, dict[str, bytes]]:
     check_app_state(app_state)  # s.state is a plain dict the app may have mutated since it was set
     meta, blobs = export_streams(llm.engine) if llm else ([], {})
-    return {"streams": meta, "app_state": app_state}, blobs
+    host = {"streams": meta, "app_state": app_state}
+    if actor is not None:
+        host["policy"] = actor.state()
+    return host, blobs
 
 
-def host_loader(llm: LLMParts | None, set_app_state: Callable[[dict], None]):
+def host_loader(llm: LLMParts | None, set_app_state: Callable[[dict], None],
+                actor: Actor | None = None):
     """The checkpointer's HostLoader for this session: validate first, install later."""
     def load(host: dict, blobs: dict[str, bytes]) -> Callable[[], None]:
         app = host.get("app_state")
         if not isinstance(app, dict):
             raise ValueError("app_state is not an object")
         install_streams = import_streams(llm.engine, host["streams"], blobs) if llm else (lambda: None)
+        install_policy = actor.load_state(host.get("policy")) if actor else (lambda: None)
 
         def install() -> None:
+            install_policy()
             install_streams()
             set_app_state(app)
         return install

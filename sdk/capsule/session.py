@@ -48,7 +48,6 @@ class Session(MemoryMethods, PolicyMethods):
         self._state: dict = {}
         self._memory = memory
         self._actor = actor
-        self._last_user: dict[str, str] = {}   # each stream's latest appended text: memory's query
         self._lock = threading.RLock()          # LLM, memory, store
         self._policy_lock = threading.RLock()   # act / reset: a control loop never waits on an LLM call
         self._closed = False
@@ -130,7 +129,7 @@ class Session(MemoryMethods, PolicyMethods):
         """
         with self._whole():
             self._check_open()
-            host = assembly.host_state(self._llm_parts, self._state)
+            host = assembly.host_state(self._llm_parts, self._state, self._actor)
             return self._ckpt.checkpoint(host, wait=wait, name=name)
 
     def flush(self) -> None:
@@ -153,7 +152,7 @@ class Session(MemoryMethods, PolicyMethods):
             return self._store.epochs()
 
     def _restore(self, epoch_or_name: int | str | None) -> int | None:
-        loader = assembly.host_loader(self._llm_parts, self._set_state)
+        loader = assembly.host_loader(self._llm_parts, self._set_state, self._actor)
         if epoch_or_name is None:
             restored = self._ckpt.restore_newest(loader)
         else:
@@ -173,8 +172,6 @@ class Session(MemoryMethods, PolicyMethods):
         """
         with self._lock:
             self._llm().append(stream, text, system=system)
-            if not system:
-                self._last_user[stream] = text
 
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,

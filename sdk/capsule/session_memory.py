@@ -15,7 +15,6 @@ from .tokenize import ReferenceTokenizer
 class MemoryMethods:
     _lock: threading.RLock
     _memory: Memory | None
-    _last_user: dict[str, str]
     tokenizer: ReferenceTokenizer | None
 
     def _llm(self) -> Engine:   # provided by Session
@@ -60,7 +59,7 @@ class MemoryMethods:
                              f"{engine.pool.capacity_tokens}; use memory_k <= {limit}")
         for name in names:
             s = engine.stream(name)
-            query = self._last_user.get(name) or s.text[-500:]
+            query = s.last_user or s.text[-500:]   # saved in the stream's capsule state
             chosen = []
             for fact in mem.recall(query, memory_k):
                 kv = mem.kv(fact.id)

@@ -63,7 +63,6 @@ def _drop(s: Session, name: str) -> None:
     """Bench-only: free a measured stream's KV blocks (Session has no stream delete)."""
     st = s._engine.streams.pop(name)
     s._engine.pool.release(st.table.blocks)
-    s._last_user.pop(name, None)
 
 
 def _fresh(s: Session, name: str, text: str) -> str:

@@ -62,6 +62,8 @@ class Engine:
         s.text, s.ids, s.pending = s.text + text, ids, ""
         if system:
             s.system_chars = len(s.text)
+        else:
+            s.last_user = text
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
                     region_tokens: int) -> bool:

@@ -39,6 +39,8 @@ class Stream:
     # text[:system_chars] is the system prefix; a memory region (facts' K/V) sits right after it
     system_chars: int = 0
     region: Region | None = None
+    # the latest appended (non-system) text: the query that picks the memory facts
+    last_user: str = ""
 
     @classmethod
     def new(cls, name: str, pool: KVPool) -> "Stream":
@@ -74,6 +76,7 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
         blobs[f"ids/{s.name}"] = np.asarray(s.ids, dtype="<i4").tobytes()
         blobs[f"blocks/{s.name}"] = np.asarray(s.table.blocks, dtype="<i4").tobytes()
         blobs[f"text/{s.name}"] = s.text.encode("utf-8", "surrogatepass")
+        blobs[f"user/{s.name}"] = s.last_user.encode("utf-8", "surrogatepass")
         if gen is not None:
             blobs[f"rng/{s.name}"] = gen.get_state().numpy().tobytes()
     return meta, blobs
@@ -134,7 +137,8 @@ def import_streams(engine: "Engine", meta: list, blobs: dict[str, bytes]) -> Cal
                                _generator(m.get("generator_device"), blobs.get(f"rng/{name}"), device),
                                tok_state=_tok_state(name, m.get("tokenizer"), blobs),
                                pending=text[len(text) - pending:] if pending else "",
-                               system_chars=system_chars, region=region)
+                               system_chars=system_chars, region=region,
+                               last_user=blobs.get(f"user/{name}", b"").decode("utf-8", "surrogatepass"))
 
     def install() -> None:
         engine.streams = streams

@@ -96,6 +96,7 @@ class TensorRTEngine:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(plan)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
         return plan
 

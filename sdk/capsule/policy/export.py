@@ -35,6 +35,7 @@ def export_onnx(source_or_module: str | BuiltinPolicy, path: str | os.PathLike) 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(model.SerializeToString())
+    os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
 
