@@ -136,3 +136,56 @@ def test_an_out_of_range_queue_cursor_is_never_restored(tmp_path, monkeypatch):
         s.rollback(good)
         ref = load_policy("builtin:mlp-chunk").step(_obs(0))
         assert np.array_equal(s.act(_obs(5)), ref[1])   # the good capsule's queue continues
+
+
+def _hold_llm(s):
+    """A thread inside an LLM call (as a long generate would be) until the returned event is set."""
+    import threading
+    held, release = threading.Event(), threading.Event()
+
+    def run():
+        with s._llm_section():
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=run)
+    t.start()
+    assert held.wait(5)
+    return release, t
+
+
+def test_a_deferred_capsule_never_waits_and_is_taken_when_the_llm_call_ends(tmp_path):
+    import time
+    from capsule.control import ControlLoop, FakeClock
+    with Session.open(tmp_path / "s", model="builtin:tiny", policy="builtin:gru",
+                      runtime={"kv_pool_mb": 8}) as s:
+        assert isinstance(s.checkpoint(wait=False, defer=True), int)   # LLM idle: taken now
+        s.flush()
+        n0 = len(s.epochs())
+        release, t = _hold_llm(s)
+        t0 = time.perf_counter()
+        assert s.checkpoint(wait=False, defer=True) is None
+        loop = ControlLoop(s, hz=100, checkpoint_every=1, clock=FakeClock())
+        stats = loop.run(lambda k: s.act(_obs(k)), steps=5)   # never blocks on the held lock
+        assert time.perf_counter() - t0 < 2 and stats.checkpoints == 5
+        release.set()
+        t.join()
+        s.flush()
+        assert len(s.epochs()) == n0 + 1          # the requests coalesced into one capsule
+        with pytest.raises(ValueError, match="wait=False"):
+            s.checkpoint(defer=True)
+
+
+def test_a_deferred_capsule_error_surfaces_at_the_next_checkpoint(tmp_path, monkeypatch):
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime={"kv_pool_mb": 8}) as s:
+        release, t = _hold_llm(s)
+        assert s.checkpoint(wait=False, defer=True) is None
+
+        def boom(wait, name):
+            raise OSError("disk on fire")
+        monkeypatch.setattr(type(s), "_capsule", lambda self, wait, name: boom(wait, name))
+        release.set()
+        t.join()                                   # the holder's call itself did not fail
+        monkeypatch.undo()
+        with pytest.raises(OSError, match="disk on fire"):
+            s.checkpoint()
+        assert isinstance(s.checkpoint(), int)

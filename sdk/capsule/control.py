@@ -20,11 +20,14 @@ Miss: a step whose end (after its checkpoint, when it takes one) is later than i
     is overloaded for good falls further behind without bound.
 
 Capsules: after every ``checkpoint_every`` steps the loop calls ``session.checkpoint(wait=False)``
-on the control thread. That only stages host copies of the dirty pages (disk I/O and fsync run
-on the Session's writer thread); its stall is measured apart from the step's own time.
+(with ``defer=True`` for a Session, so it never waits for an LLM call on another thread: that
+call takes the capsule as it ends) on the control thread. That only stages host copies of the
+dirty pages (disk I/O and fsync run on the Session's writer thread); its stall is measured apart
+from the step's own time.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import threading
@@ -126,6 +129,11 @@ class ControlLoop:
             raise ValueError(f"checkpoint_every={checkpoint_every} needs a session with checkpoint(wait=False) "
                              f"(a capsule.Session), got {type(session).__name__}")
         self.session = session
+        # a Session's defer=True: never wait for an LLM call on another thread (the capsule is
+        # taken as that call ends); other sessions get plain wait=False
+        self._ckpt_args = {"wait": False}
+        if checkpoint_every and "defer" in inspect.signature(session.checkpoint).parameters:
+            self._ckpt_args["defer"] = True
         self.hz = float(hz)
         self.period_s = 1.0 / self.hz
         self.checkpoint_every = checkpoint_every
@@ -201,7 +209,7 @@ class ControlLoop:
             self._n = n   # published after the row is written: stats() from another thread stays consistent
             took_ckpt = every and n % every == 0
             if took_ckpt:
-                session.checkpoint(wait=False)
+                session.checkpoint(**self._ckpt_args)
                 after = clock.now()
                 k = self._n_ckpt
                 if k == len(self._stalls):

@@ -8,11 +8,10 @@ read-only vocabularies).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import devices
 
@@ -21,6 +20,7 @@ from .errors import StoreError
 from .llm import SamplingParams
 from .llm.engine import Engine
 from .memory.facts import Memory, MemoryConfig
+from .session_capsules import CapsuleMethods
 from .session_memory import MemoryMethods
 from .session_policy import PolicyMethods
 from .state.checkpointer import Checkpointer
@@ -28,7 +28,7 @@ from .state.regions import RegionRegistry
 from .tokenize import load_reference
 
 
-class Session(MemoryMethods, PolicyMethods):
+class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
     """An LLM and/or a robot policy with their execution state, bound to a capsule store."""
 
     def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
@@ -50,6 +50,9 @@ class Session(MemoryMethods, PolicyMethods):
         self._actor = actor
         self._lock = threading.RLock()          # LLM, memory, store
         self._policy_lock = threading.RLock()   # act / reset: a control loop never waits on an LLM call
+        self._llm_depth = 0                     # nesting of _llm_section on the holding thread
+        self._deferred: tuple[str | None] | None = None   # a capsule asked for while the LLM was busy
+        self._deferred_error: BaseException | None = None
         self._closed = False
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -118,39 +121,6 @@ class Session(MemoryMethods, PolicyMethods):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- capsules ---------------------------------------------------------------------------
-    def checkpoint(self, *, wait: bool = True, name: str | None = None) -> int:
-        """Take a capsule of everything that decides the next output; returns its epoch.
-
-        wait=True: durable when this returns. wait=False: only stages the dirty pages (host copies)
-        and returns; a background writer makes it durable (see flush). A write failure is raised
-        by the next checkpoint / flush / close. It waits for a running LLM call (a capsule is
-        taken between steps), not the other way round.
-        """
-        with self._whole():
-            self._check_open()
-            host = assembly.host_state(self._llm_parts, self._state, self._actor)
-            return self._ckpt.checkpoint(host, wait=wait, name=name)
-
-    def flush(self) -> None:
-        """Block until every checkpoint(wait=False) so far is durable."""
-        with self._lock:
-            self._check_open()
-            self._ckpt.flush()
-
-    def rollback(self, epoch_or_name: int | str) -> int:
-        """Restore an epoch in place (same buffers, no re-capture); returns the epoch."""
-        with self._whole():
-            self._check_open()
-            return self._restore(epoch_or_name)
-
-    def epochs(self) -> list:
-        """Committed epochs, oldest first (id, name, created, bytes_written, n_pages, meta)."""
-        with self._lock:
-            self._check_open()
-            self._ckpt.flush()  # list what is durable, after the queued epochs and their retention
-            return self._store.epochs()
-
     def _restore(self, epoch_or_name: int | str | None) -> int | None:
         loader = assembly.host_loader(self._llm_parts, self._set_state, self._actor)
         if epoch_or_name is None:
@@ -170,7 +140,7 @@ class Session(MemoryMethods, PolicyMethods):
         system=True: the text extends the stream's system prefix (only before other text);
         injected memory facts sit right after it (docs/MEMORY.md).
         """
-        with self._lock:
+        with self._llm_section():
             self._llm().append(stream, text, system=system)
 
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
@@ -197,7 +167,7 @@ class Session(MemoryMethods, PolicyMethods):
         stops = [stop] if isinstance(stop, str) else list(stop or ())
         if any(not isinstance(x, str) or not x for x in stops):
             raise ValueError(f"stop must be a non-empty str or a list of them, got {stop!r}")
-        with self._lock:
+        with self._llm_section():
             engine = self._llm()
             for n in names:
                 engine.stream(n)   # unknown streams fail before any memory work
@@ -210,15 +180,15 @@ class Session(MemoryMethods, PolicyMethods):
         return replies[names[0]] if isinstance(stream, str) else replies
 
     def tokens(self, stream: str = "main") -> list[int]:
-        with self._lock:
+        with self._llm_section():
             return list(self._llm().stream(stream).ids)
 
     def text(self, stream: str = "main") -> str:
-        with self._lock:
+        with self._llm_section():
             return self._llm().stream(stream).text
 
     def streams(self) -> list[str]:
-        with self._lock:
+        with self._llm_section():
             return list(self._llm().streams)
 
     # -- app state --------------------------------------------------------------------------
@@ -235,12 +205,6 @@ class Session(MemoryMethods, PolicyMethods):
         self._state = assembly.check_app_state(value)
 
     # -- internals --------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _whole(self) -> Iterator[None]:
-        """Both locks, always in this order (act takes only the policy lock): a consistent cut."""
-        with self._lock, self._policy_lock:
-            yield
-
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this Session is closed; open a new one")

@@ -5,7 +5,7 @@ Mixed into Session: they use its lock, engine and Memory. See docs/MEMORY.md.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 from .llm.engine import Engine
 from .memory.facts import Fact, Memory
@@ -16,6 +16,9 @@ class MemoryMethods:
     _lock: threading.RLock
     _memory: Memory | None
     tokenizer: ReferenceTokenizer | None
+
+    def _llm_section(self) -> Any:   # provided by CapsuleMethods
+        raise NotImplementedError
 
     def _llm(self) -> Engine:   # provided by Session
         raise NotImplementedError
@@ -30,7 +33,7 @@ class MemoryMethods:
         context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
         the "main" stream's text, when a window is configured.
         """
-        with self._lock:
+        with self._llm_section():
             mem = self._mem()
             ctx: list[int] = []
             if mem.config.window:
@@ -42,12 +45,12 @@ class MemoryMethods:
 
     def forget(self, fact_id: int) -> None:
         """Delete a fact (durable when it returns); streams drop it at their next memory_k."""
-        with self._lock:
+        with self._llm_section():
             self._mem().forget(fact_id)
 
     def recall(self, query: str, k: int = 8) -> list[Fact]:
         """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
-        with self._lock:
+        with self._llm_section():
             return self._mem().recall(query, k)
 
     def _inject(self, names: Sequence[str], memory_k: int) -> None:
