@@ -217,4 +217,4 @@ def test_hybrid_recall_with_the_real_embedder(tmp_path):
         for t in FACTS:
             s.remember(t)
         # no word in common with the fact: only the embedding can find it
-        assert s.recall("where can I recharge the robot?", k=1)[0].text == "The charger is in bay 2."
+        assert s.recall("where can I recharge?", k=1)[0].text == "The charger is in bay 2."
