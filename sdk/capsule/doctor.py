@@ -158,10 +158,10 @@ def _guard(name: str, probe: Probe, work: Path, debug: bool) -> list[Check]:
 
 
 def default_probes() -> list[tuple[str, Probe]]:
-    from .doctor_onnx import probe_onnxruntime, probe_tensorrt
+    from .doctor_onnx import probe_onnxruntime, probe_policy, probe_tensorrt
 
     return [("torch cpu", probe_torch_cpu), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
-            ("onnxruntime", probe_onnxruntime), ("tensorrt", probe_tensorrt)]
+            ("onnxruntime", probe_onnxruntime), ("tensorrt", probe_tensorrt), ("policy", probe_policy)]
 
 
 def run_checks(probes: Sequence[tuple[str, Probe]] | None = None, *, debug: bool = False) -> list[Check]:

@@ -5,6 +5,7 @@ Exporting needs the `onnx` package; without it the probes say so instead of fail
 """
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,3 +126,26 @@ def probe_tensorrt(work: Path) -> Check:
         return Check("tensorrt", FAILED, trt.__version__, f"engine output differs from torch by {diff:.1e}")
     return Check("tensorrt", OK, trt.__version__, f"built an engine for the probe Linear; matches torch "
                  f"(max diff {diff:.1e})")
+
+
+def probe_policy(work: Path) -> Check:
+    """builtin:gru through the detected profile's engine preference: which engine runs, how fast."""
+    import numpy as np
+
+    import devices
+    from .policy import load_policy
+
+    profile = devices.detect_profile("auto")
+    runner = load_policy("builtin:gru", device="cuda" if profile.device == "cuda" else "cpu",
+                         engines=profile.engines)
+    obs = {"observation.state": np.zeros(14, dtype=np.float32)}
+    for _ in range(20):   # warm-up
+        runner.step(obs)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        runner.step(obs)
+    step_us = (time.perf_counter() - t0) / 200 * 1e6
+    skipped = "; ".join(f"{k}: {v}" for k, v in runner.skipped.items())
+    return Check("policy", OK, runner.engine_name,
+                 f"builtin:gru {step_us:.0f} us/step on {runner.engine_detail} (profile {profile.name})"
+                 + (f"; skipped {skipped}"[:120] if skipped else ""))
