@@ -23,9 +23,41 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.1f} ms"
 
 
+FACTS = ("The red cup is fragile.", "The charger is in bay 2.", "The kitchen table is 3.2 m away.")
+
+
+def _memory(s: Session, echo: Callable[[str], None]) -> None:
+    """Facts encoded once (pre-RoPE K/V, durable), then injected instead of prefilled."""
+    t0 = time.perf_counter()
+    for fact in FACTS:
+        s.remember(fact)
+    echo(f"remember {_ms(time.perf_counter() - t0)}  ({len(FACTS)} facts: K/V computed once, stored)")
+    s.append("user: where do I charge you?\nrobot:", stream="ask")
+    t0 = time.perf_counter()
+    s.generate(1, stream="ask", memory_k=2)
+    took = time.perf_counter() - t0
+    injected = [f.text for f in s.recall("where do I charge you?", k=2)]
+    echo(f"memory   {_ms(took)}  (first token with 2 facts' K/V injected, not prefilled: {injected})")
+
+
+def _control(path: Path, device: str, echo: Callable[[str], None]) -> None:
+    """A policy in a 100 Hz control loop with a capsule every 10 ticks."""
+    import numpy as np
+
+    from .control import ControlLoop
+    with Session.open(path, model=None, policy="builtin:gru", device=device) as s:
+        obs = {"observation.state": np.zeros(14, dtype=np.float32)}
+        st = ControlLoop(s, hz=100, checkpoint_every=10).run(lambda tick: s.act(obs), steps=100)
+        echo(f"control  100 Hz x {st.steps} ticks, policy builtin:gru on {s.policy_engine}: "
+             f"step p50/p99 {st.step_p50_ms:.2f}/{st.step_p99_ms:.2f} ms, {st.misses} misses, "
+             f"{st.checkpoints} capsules (stall p99 {st.checkpoint_stall_p99_ms:.2f} ms)")
+
+
 def run_demo(*, model: str = "builtin:tiny", tokenizer: str | None = "cl100k_base", device: str = "auto",
              store: str | None = None, echo: Callable[[str], None] = print) -> None:
-    """Open a Session, append, generate one stream then two together; print what each step took.
+    """Open a Session, append, generate one stream then two together, remember and inject facts,
+    take a capsule and restore it in a fresh Session, run a policy in a 100 Hz loop; print what
+    each step took.
 
     Without `store` the store lives in a temporary folder that is deleted afterwards.
     """
@@ -69,6 +101,19 @@ def run_demo(*, model: str = "builtin:tiny", tokenizer: str | None = "cl100k_bas
                  f"{t_two / NEW_TOKENS * 1e3:.2f} ms/step)")
             for name, text in replies.items():
                 echo(f"  {name:<7}{text[:64]!r}")
+            _memory(s, echo)
+            t0 = time.perf_counter()
+            epoch = s.checkpoint()
+            echo(f"capsule  {_ms(time.perf_counter() - t0)}  (epoch {epoch}: durable when it returns)")
+        t0 = time.perf_counter()
+        with Session.open(path, model=model, tokenizer=tokenizer, device=device) as s:
+            t_restore = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            s.generate(1)
+            echo(f"restore  {_ms(t_restore)}  (fresh open + restore of epoch {s.restored_epoch}, "
+                 f"{len(s.tokens())} tokens); first token {_ms(time.perf_counter() - t0).strip()} "
+                 "without re-prefilling")
+        _control(path.parent / "arm.capsules", device, echo)
         if store:
             echo(f"store kept at {path}")
     finally:
