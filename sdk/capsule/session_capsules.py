@@ -65,9 +65,11 @@ class CapsuleMethods:
             return self._capsule(wait, name)
 
     def flush(self) -> None:
-        """Block until every checkpoint(wait=False) so far is durable."""
+        """Block until every checkpoint(wait=False) so far is durable (a deferred one included)."""
         with self._llm_section():
             self._check_open()
+            if self._deferred is not None:
+                self._take_deferred()
             self._ckpt.flush()
         self._raise_deferred_error()
 
