@@ -14,7 +14,7 @@ def _run(name: str, tmp_path, steps: int) -> dict:
 
 
 def test_suites_registered():
-    assert {"tokenize", "tokenize-diff"} <= set(SUITES)
+    assert {"tokenize", "tokenize-diff", "tokenize-bpe", "memory", "control"} <= set(SUITES)
 
 
 def test_tokenize_suite(tmp_path):
@@ -40,3 +40,16 @@ def test_tokenize_diff_suite(tmp_path):
         assert f["checks"] == 300 and f["divergences"] == 0
     assert data["results"]["total"] == {**data["results"]["total"], "checks": 1200, "divergences": 0}
     assert data["results"]["divergences"] == []
+
+
+def test_tokenize_bpe_suite(tmp_path, monkeypatch):
+    from capsule.bench import tokenize_bpe
+    monkeypatch.setattr(tokenize_bpe, "QUICK_CHARS", 20_000)
+    data = _run("tokenize-bpe", tmp_path, steps=1)
+    runs = data["results"]["runs"]
+    assert {r["family"] for r in runs} == {"cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4"}
+    for r in runs:
+        assert r["chars"] == 20_000 and r["exact"] is True
+        assert r["kernel_cpu_ms"] > 0 and r["reference_ms"] > 0 and r["kernel_pieces"] > 0
+    exact = [t for t in data["results"]["targets"] if t["target"].startswith("exact")]
+    assert exact and exact[0]["met"] == "yes"
