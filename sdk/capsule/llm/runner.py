@@ -55,10 +55,18 @@ class GraphRunner:
         self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
                                        device=dev)                                     # (B, nb)
         self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
-        # host staging for one step's inputs, reused every step (not state: not registered)
-        self._stage = torch.zeros(B, 3 + self.max_blocks, dtype=torch.long,
-                                  pin_memory=dev.type == "cuda")                        # (B, 3+nb)
-        self._stage_np = self._stage.numpy()
+        # host staging for one step's inputs, reused every step (not state: not registered): one
+        # pinned block cut into a contiguous (B,) / (B, nb) part per static buffer, so each upload
+        # is one cudaMemcpyAsync from pinned memory (a strided source, e.g. a column of a (B, 3+nb)
+        # table, would first be copied into a pageable temporary on every step)
+        pin = dev.type == "cuda"
+        flat = torch.zeros(B * (3 + self.max_blocks), dtype=torch.long, pin_memory=pin)
+        self._stage = (flat[:B], flat[B:2 * B], flat[2 * B:3 * B],
+                       flat[3 * B:].view(B, self.max_blocks))      # token, position, slot, blocks
+        self._stage_np = tuple(t.numpy() for t in self._stage)
+        # marks when the last upload has read the staging (CUDA only): the next step waits for it
+        # before rewriting the host rows, even if nobody read a device value back in between
+        self._uploaded = torch.cuda.Event() if pin else None
         # the pool's page i is block i (one contiguous byte range); the checkpointer takes the
         # dirty set from the pool's write log instead of comparing pages
         registry.register("kv_pool", pool.tensor, "kv", page_bytes=pool.block_bytes)
@@ -104,24 +112,30 @@ class GraphRunner:
     def _load_rows(self, rows: Sequence[DecodeRow], b: int) -> None:
         """Write the batch into the host staging rows, then one copy per static buffer.
 
-        The staging tensor is allocated once (pinned on CUDA): a step allocates nothing.
-        It is safe to reuse: the previous step's upload finished before its logits were sampled.
+        The staging is allocated once (pinned on CUDA): a step allocates nothing. It is reused
+        only after the previous step's upload has read it (an event on CUDA).
         """
-        stage = self._stage_np                      # (B, 3 + nb): token, position, slot, blocks
-        stage[:b, :3] = (0, 0, SCRATCH_BLOCK * self.pool.block_size)
-        stage[:b, 3:] = SCRATCH_BLOCK
+        tok, pos, slot, blk = self._stage_np
+        if self._uploaded is not None:
+            self._uploaded.synchronize()            # normally long done: logits were sampled since
+        tok[:b], pos[:b], slot[:b] = 0, 0, SCRATCH_BLOCK * self.pool.block_size
+        blk[:b] = SCRATCH_BLOCK
         for i, r in enumerate(rows):
             nb = len(r.blocks)
             if nb > self.max_blocks:
                 raise ValueError(f"stream needs {nb} blocks, max_context allows {self.max_blocks}")
-            stage[i, :3] = (r.token_id, r.position, r.slot)
-            stage[i, 3:3 + nb] = r.blocks
-        staged = self._stage[:b]
-        # copy_ into the static buffers: their storage (and the graphs' addresses) never change
-        self.input_ids[:b, 0].copy_(staged[:, 0], non_blocking=True)
-        self.positions[:b, 0].copy_(staged[:, 1], non_blocking=True)
-        self.slot_mapping[:b].copy_(staged[:, 2], non_blocking=True)
-        self.block_tables[:b].copy_(staged[:, 3:], non_blocking=True)
+            tok[i], pos[i], slot[i] = r.token_id, r.position, r.slot
+            blk[i, :nb] = r.blocks
+        s_tok, s_pos, s_slot, s_blk = self._stage
+        # copy_ into the static buffers: their storage (and the graphs' addresses) never change;
+        # every source and destination here is contiguous, so each is one async copy
+        self.input_ids[:b, 0].copy_(s_tok[:b], non_blocking=True)
+        self.positions[:b, 0].copy_(s_pos[:b], non_blocking=True)
+        self.slot_mapping[:b].copy_(s_slot[:b], non_blocking=True)
+        self.block_tables[:b].copy_(s_blk[:b], non_blocking=True)
+        if self._uploaded is not None:
+            # on the stream the copies went to (the destination device's current stream)
+            self._uploaded.record(torch.cuda.current_stream(self.input_ids.device))
 
     def _decode_body(self, b: int, n_blocks: int | None = None) -> None:
         nb = self.max_blocks if n_blocks is None else n_blocks
@@ -134,21 +148,22 @@ class GraphRunner:
     def _capture_all(self) -> None:
         # largest bucket first so the smaller graphs fit inside its memory pool
         mem_pool = None
-        for b in sorted(self.buckets, reverse=True):
-            t0 = time.perf_counter()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy inits must not happen during capture
+        with torch.cuda.device(self.pool.tensor.device):  # streams and graphs on the pool's GPU
+            for b in sorted(self.buckets, reverse=True):
+                t0 = time.perf_counter()
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up: lazy inits must not happen during capture
+                        self._decode_body(b)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=mem_pool):
                     self._decode_body(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=mem_pool):
-                self._decode_body(b)
-            torch.cuda.synchronize()
-            mem_pool = graph.pool()
-            self.graphs[b] = graph
-            self.capture_seconds[b] = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                mem_pool = graph.pool()
+                self.graphs[b] = graph
+                self.capture_seconds[b] = time.perf_counter() - t0
 
     # -- prefill --------------------------------------------------------------------------
     @torch.inference_mode()

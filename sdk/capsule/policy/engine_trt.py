@@ -63,26 +63,34 @@ class TensorRTEngine:
         if buffers.hidden is not None:
             tensors[HIDDEN_IN], tensors[HIDDEN_OUT] = buffers.hidden, self.hidden_next
         shapes = {k: list(t.shape) for k, t in tensors.items()}
-        logger = trt.Logger(trt.Logger.ERROR)
-        plan = self._plan(trt, logger, source, dev, precision, shapes)
-        self.engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
-        if self.engine is None:
-            raise EngineUnavailable("TensorRT could not deserialize the cached plan")
-        self.context = self.engine.create_execution_context()
-        for i in range(self.engine.num_io_tensors):  # bound once: the buffers never move
-            name = self.engine.get_tensor_name(i)
-            t = tensors.get(name)
-            if t is None:
-                raise EngineUnavailable(f"the TensorRT engine has I/O tensor {name!r}, no buffer has that name")
-            want = torch_dtype(np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))).name)
-            if t.dtype != want:
-                raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer is {t.dtype}")
-            if self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-                self.context.set_input_shape(name, tuple(t.shape))
-            self.context.set_tensor_address(name, t.data_ptr())
         self.graph: torch.cuda.CUDAGraph | None = None
         self.detail = f"TensorRT {trt.__version__} {precision}"
-        self._capture()
+        # TensorRT builds, deserializes and allocates on the *current* CUDA device: make it dev's
+        with torch.cuda.device(dev):
+            logger = trt.Logger(trt.Logger.ERROR)
+            plan = self._plan(trt, logger, source, dev, precision, shapes)
+            self.engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+            if self.engine is None:
+                raise EngineUnavailable("TensorRT could not deserialize the cached plan")
+            self.context = self.engine.create_execution_context()
+            names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+            for name in names:  # bound once: the buffers never move
+                t = tensors.get(name)
+                if t is None:
+                    raise EngineUnavailable(f"the TensorRT engine has I/O tensor {name!r}, no buffer has that name")
+                want = torch_dtype(np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))).name)
+                if t.dtype != want:
+                    raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer is {t.dtype}")
+                if self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+                    if not self.context.set_input_shape(name, tuple(t.shape)):
+                        raise EngineUnavailable(f"TensorRT rejected input shape {tuple(t.shape)} for {name!r}")
+                self.context.set_tensor_address(name, t.data_ptr())
+            for name in names:  # TensorRT writes get_tensor_shape's volume: it must be the buffer's
+                got = tuple(self.context.get_tensor_shape(name))
+                if got != tuple(tensors[name].shape):
+                    raise EngineUnavailable(f"TensorRT tensor {name!r} has shape {got}, its buffer "
+                                            f"{tuple(tensors[name].shape)}")
+            self._capture()
 
     def _plan(self, trt: Any, logger: Any, source: PolicySource, dev: torch.device, precision: str,
               shapes: dict[str, list[int]]) -> bytes:
@@ -129,9 +137,10 @@ class TensorRTEngine:
     def run(self) -> None:
         # hot path: one graph replay (or one enqueue) on torch's current stream; no allocation
         if self.graph is not None:
-            self.graph.replay()
+            self.graph.replay()                  # CUDAGraph.replay guards its own device
         else:
-            self._enqueue()
+            with torch.cuda.device(self.buffers.device):  # enqueue on the engine's device
+                self._enqueue()
 
 
 def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:
@@ -147,6 +156,9 @@ def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:
         raise EngineUnavailable(f"TensorRT's ONNX parser rejected {onnx_path.name}: {errors}")
     config = builder.create_builder_config()
     if precision == "fp16":
+        if not hasattr(trt.BuilderFlag, "FP16"):  # TensorRT 11: strongly typed networks only
+            raise EngineUnavailable(f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (networks are "
+                                    "strongly typed): export the policy in fp16 or use precision='fp32'")
         config.set_flag(trt.BuilderFlag.FP16)
     elif hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)  # fp32 means fp32: match torch/ORT to ~1e-6
