@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from capsule import Session
+from capsule.llm.region import mark_holes
 
 RT = {"kv_pool_mb": 16, "max_context": 1024}
 FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes green tea.",
@@ -67,6 +68,7 @@ def test_injection_equals_block_diagonal_prefill(tmp_path):
                       torch.tensor(st.table.slots_at(list(range(pos, pos + n)))),
                       blocks.view(1, -1), pool.tensor, slot_valid=alone)
         st.region.facts = layout
+        mark_holes(st.table, st.region)             # readable slots and skippable blocks
         kv_prefilled = _region_kv(b)
         expect = b.generate(12)
     assert torch.allclose(kv_injected, kv_prefilled, atol=1e-5, rtol=0)

@@ -46,3 +46,29 @@ def test_write_kv_touches_only_the_given_slots():
     write_kv(k_cache, v_cache, torch.tensor([3]), torch.ones(1, 1, 4), torch.full((1, 1, 4), 2.0))
     assert k_cache[1, 1].eq(1).all() and v_cache[1, 1].eq(2).all()
     assert k_cache.sum() == 4 and v_cache.sum() == 8
+
+
+def test_leaving_out_a_wholly_masked_block_keeps_the_result():
+    # eager prefill leaves out memory-region blocks with no readable slot; key_pos keeps the
+    # causal mask on the stream's positions, so the result is the full one (to float rounding)
+    g = torch.Generator().manual_seed(1)
+    bs, hd, H, KV = 4, 8, 4, 2
+    k_cache = torch.randn(10, bs, KV, hd, generator=g)
+    v_cache = torch.randn(10, bs, KV, hd, generator=g)
+    table = torch.tensor([[3, 7, 5, 2]])                        # block 7 (index 1) is a hole
+    valid = torch.ones(10, bs, dtype=torch.bool)
+    valid[7] = False
+    q = torch.randn(1, 3, H, hd, generator=g)
+    positions = torch.tensor([[12, 13, 14]])
+    full = paged_attention(q, k_cache, v_cache, table, positions, hd ** -0.5,
+                           key_valid=valid[table].view(1, -1))
+    kept = torch.tensor([[3, 5, 2]])
+    key_pos = (torch.tensor([[0, 2, 3]]).unsqueeze(-1) * bs + torch.arange(bs)).view(1, -1)
+    short = paged_attention(q, k_cache, v_cache, kept, positions, hd ** -0.5,
+                            key_valid=valid[kept].view(1, -1), key_pos=key_pos)
+    assert torch.allclose(full, short, atol=1e-6, rtol=0)
+    # without key_pos the last block's keys (positions 12..15) would sit at 8..11: the queries
+    # at 12..14 would see keys after them
+    wrong = paged_attention(q, k_cache, v_cache, kept, positions, hd ** -0.5,
+                            key_valid=valid[kept].view(1, -1))
+    assert not torch.allclose(full, wrong, atol=1e-3)

@@ -117,6 +117,7 @@ class BlockTable:
         self.gap_at = 0
         self.gap = 0
         self.pinned = 0
+        self.skip = (0, 0)   # block indices [lo, hi) holding no readable slot: prefill skips them
 
     def position(self, token: int) -> int:
         """Position (RoPE angle and slot) of token index ``token``."""
@@ -159,6 +160,15 @@ class BlockTable:
         bs = self.pool.block_size
         self.pool.dirty.update(self.blocks[p // bs] for p in positions)
         return [self.blocks[p // bs] * bs + p % bs for p in positions]
+
+    def attended(self, n_blocks: int) -> tuple[list[int], list[int] | None]:
+        """(blocks, their indices) of the first n_blocks minus the skipped ones; indices None
+        when nothing is skipped (attention then takes slot s as position s)."""
+        lo, hi = self.skip
+        if hi <= lo or lo >= n_blocks:
+            return self.blocks[:n_blocks], None
+        idx = [j for j in range(n_blocks) if not lo <= j < hi]
+        return [self.blocks[j] for j in idx], idx
 
     def set_valid(self, start: int, end: int, valid: bool) -> None:
         """Mark positions start..end-1 readable (or not) by attention."""

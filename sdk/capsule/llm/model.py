@@ -96,12 +96,14 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
-                slot_valid: torch.Tensor | None = None,
+                slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
                 capture: list | None = None) -> torch.Tensor:
         """input_ids, positions: (B, T); slot_mapping: (B*T,); block_tables: (B, nb);
         kv_pool: (NB, L, 2, bs, KV, hd). Returns the final normed hidden states (B, T, D).
 
         slot_valid: the pool's (NB, bs) readable-slot mask (memory regions leave holes).
+        block_pos: (B, nb) the index in the stream of each block of block_tables, when blocks
+        are left out (eager prefill skips wholly empty memory-region blocks).
 
         capture: when a list, one (k_pre, v) per layer is appended, each (B*T, KV, hd): keys
         after k_proj and before RoPE (memory facts are stored unrotated). Eager use only."""
@@ -111,6 +113,11 @@ class Decoder(nn.Module):
         flat_pos = positions.reshape(-1)
         cos, sin = self.rope_cos[flat_pos], self.rope_sin[flat_pos]           # (N, hd)
         key_valid = None if slot_valid is None else slot_valid[block_tables].view(B, -1)  # (B, S)
+        key_pos = None
+        if block_pos is not None:
+            bs = kv_pool.shape[3]
+            key_pos = (block_pos.unsqueeze(-1) * bs
+                       + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
@@ -124,7 +131,7 @@ class Decoder(nn.Module):
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
             write_kv(k_cache, v_cache, slot_mapping, k, v.view(B * T, KV, hd))
             att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache,
-                                  block_tables, positions, self.scale, key_valid)         # (B, T, H, hd)
+                                  block_tables, positions, self.scale, key_valid, key_pos)         # (B, T, H, hd)
             x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
             h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
             x = x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)

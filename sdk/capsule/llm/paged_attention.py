@@ -26,13 +26,15 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, positions: torch.Tensor, scale: float,
-                    key_valid: torch.Tensor | None = None) -> torch.Tensor:
+                    key_valid: torch.Tensor | None = None,
+                    key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of queries over their stream's cached keys.
 
     q: (B, T, H, hd) queries of B streams, T tokens each, at `positions` (B, T);
     block_tables: (B, nb) block ids; key slot s of stream b is position s.
     A query at position p sees keys at positions <= p (its own key is already written) that
-    key_valid (B, S) allows (holes of a memory region are not valid).
+    key_valid (B, S) allows (holes of a memory region are not valid). key_pos (B, S): the
+    position of each gathered key when block_tables leaves blocks out (default: slot s is s).
     Returns (B, T, H, hd).
     """
     B, T, H, hd = q.shape
@@ -43,8 +45,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v = v_cache[block_tables].view(B, S, KV, hd).transpose(1, 2)
     # group query heads by their kv head so no K/V copy is needed for GQA
     q = q.view(B, T, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, T * G, hd)
-    key_pos = torch.arange(S, device=q.device)
-    allowed = key_pos.view(1, 1, S) <= positions.view(B, T, 1)         # (B, T, S)
+    if key_pos is None:
+        key_pos = torch.arange(S, device=q.device)
+    allowed = key_pos.view(-1, 1, S) <= positions.view(B, T, 1)        # (B, T, S)
     if key_valid is not None:
         allowed = allowed & key_valid.view(B, 1, S)
     allowed = allowed.unsqueeze(2).expand(B, T, G, S).reshape(B, 1, T * G, S)

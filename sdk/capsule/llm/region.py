@@ -74,14 +74,24 @@ def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
     table.truncate(gap_at)
     table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs)
     table.set_valid(gap_at, start + size, False)
-    return Region(gap_at, start, size)
+    region = Region(gap_at, start, size)
+    _set_skip(table, region)
+    return region
 
 
 def mark_holes(table: BlockTable, region: Region) -> None:
-    """Set slot_valid for the region's blocks from its layout (after a restore)."""
+    """Set slot_valid (and the blocks prefill may skip) from the region's layout."""
     table.set_valid(region.gap_at, region.start + region.size, False)
     for _, pos, n in region.facts:
         table.set_valid(pos, pos + n, True)
+    _set_skip(table, region)
+
+
+def _set_skip(table: BlockTable, region: Region) -> None:
+    # facts are packed from the start: the blocks after the last fact hold nothing readable
+    bs = table.pool.block_size
+    used_end = max((pos + n for _, pos, n in region.facts), default=region.start)
+    table.skip = (-(-used_end // bs), (region.start + region.size) // bs)
 
 
 def fill(table: BlockTable, region: Region, model: Decoder,
@@ -94,6 +104,7 @@ def fill(table: BlockTable, region: Region, model: Decoder,
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
     table.set_valid(region.start, region.start + region.size, False)
     region.facts = []
+    _set_skip(table, region)
     if not facts:
         return
     dev = table.pool.tensor.device
@@ -110,3 +121,4 @@ def fill(table: BlockTable, region: Region, model: Decoder,
                    torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
     table.set_valid(region.start, at, True)
     region.facts = placed
+    _set_skip(table, region)

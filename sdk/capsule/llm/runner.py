@@ -189,8 +189,11 @@ class GraphRunner:
             pos = torch.tensor(at, dtype=torch.long, device=dev)
             slots = torch.tensor(table.slots_at(at), dtype=torch.long, device=dev)
             nb = -(-(at[-1] + 1) // self.pool.block_size)
-            blocks = torch.tensor(table.blocks[:nb], dtype=torch.long, device=dev)
+            kept, idx = table.attended(nb)   # wholly empty memory-region blocks are left out
+            blocks = torch.tensor(kept, dtype=torch.long, device=dev)
+            block_pos = None if idx is None else torch.tensor([idx], dtype=torch.long, device=dev)
             hidden = self.model(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
-                                self.pool.tensor, slot_valid=self.pool.slot_valid)  # (1, C, D)
+                                self.pool.tensor, slot_valid=self.pool.slot_valid,
+                                block_pos=block_pos)                             # (1, C, D)
             table.num_cached = c1
         return self.model.lm_head(hidden[0, -1])
