@@ -1,5 +1,7 @@
-"""Tensor kernels with a torch reference and a CUDA variant where a GPU is present.
+"""Tensor kernels in plain torch: the same code runs on CPU tensors and, unchanged, on CUDA.
 
-Planned here (each arrives with its issue): batched BPE merges (incremental tokenization),
-RoPE rotate + scatter into the paged cache (memory facts), page digests (delta checkpoints).
+- ``bpe``: batched byte-level BPE merges over pre-token pieces (exact parallel merge rounds).
+- ``rope``: rotate pre-RoPE keys to their serving positions and scatter K/V into the paged cache.
+
+Planned (each arrives with its issue): page digests for delta checkpoints.
 """
