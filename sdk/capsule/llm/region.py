@@ -73,9 +73,8 @@ def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
     size = -(-region_tokens // bs) * bs
     table.truncate(gap_at)
     table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs)
-    table.set_valid(gap_at, start + size, False)
     region = Region(gap_at, start, size)
-    _set_skip(table, region)
+    mark_holes(table, region)
     return region
 
 
@@ -102,9 +101,8 @@ def fill(table: BlockTable, region: Region, model: Decoder,
     if total > region.size:
         raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
-    table.set_valid(region.start, region.start + region.size, False)
     region.facts = []
-    _set_skip(table, region)
+    mark_holes(table, region)   # all holes until the new facts are written
     if not facts:
         return
     dev = table.pool.tensor.device
@@ -119,6 +117,5 @@ def fill(table: BlockTable, region: Region, model: Decoder,
     v_all = torch.cat([v for _, _, v in facts], dim=1)
     rotate_scatter(table.pool.tensor, k_all, v_all, torch.tensor(positions, device=dev),
                    torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
-    table.set_valid(region.start, at, True)
     region.facts = placed
-    _set_skip(table, region)
+    mark_holes(table, region)
