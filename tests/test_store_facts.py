@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import sqlite3
 import subprocess
@@ -16,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from capsule.store import (FactCorrupt, FactInfo, FileOps, PageCorrupt, SigningKeyError, Store, StoreIOError,
+from capsule.store import (FactCorrupt, FactInfo, PageCorrupt, SigningKeyError, Store, StoreIOError,
                            UnknownFact)
 from capsule.store import factdb
+from test_store import Faulty   # FileOps that fails chosen operations
 from capsule.store.records import (FACT_REGION, KIND_FACT, RECORD_HEADER, Sealer, encode_record,
                                    parse_header)
 
@@ -67,25 +67,6 @@ def sql(path: Path, *statements: str) -> None:
         con.execute(s)
     con.commit()
     con.close()
-
-
-class Faulty(FileOps):
-    """Fails the chosen operations with the chosen errno."""
-
-    def __init__(self) -> None:
-        self.fail: dict[str, int] = {}
-
-    def _maybe(self, op: str) -> None:
-        if op in self.fail:
-            raise OSError(self.fail[op], os.strerror(self.fail[op]))
-
-    def write(self, fd, data):
-        self._maybe("write")
-        return super().write(fd, data)
-
-    def fsync(self, fd):
-        self._maybe("fsync")
-        return super().fsync(fd)
 
 
 def test_round_trip_across_reopen(tmp_path):

@@ -5,6 +5,7 @@ New suites (capsules, tokenize, memory, control) plug in by adding one entry to 
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -51,45 +52,18 @@ class SuiteRun:
 Suite = Callable[[BenchOptions], SuiteResult]
 
 
-def _decode(opts: BenchOptions) -> SuiteResult:
-    from .decode import run  # lazy: the registry is listed (e.g. on a typo) without loading a suite
-    return run(opts)
+def _lazy(module: str) -> Suite:
+    """The suite in bench/<module>.py, imported on first run: the registry is listed (e.g. on a
+    typo) without loading any suite."""
+    def run(opts: BenchOptions) -> SuiteResult:
+        return importlib.import_module(f"{__name__}.{module}").run(opts)
+    return run
 
 
-def _capsules(opts: BenchOptions) -> SuiteResult:
-    from .capsules import run
-    return run(opts)
-
-
-def _tokenize(opts: BenchOptions) -> SuiteResult:
-    from .tokenize import run
-    return run(opts)
-
-
-def _tokenize_diff(opts: BenchOptions) -> SuiteResult:
-    from .tokenize_diff import run
-    return run(opts)
-
-
-def _tokenize_bpe(opts: BenchOptions) -> SuiteResult:
-    from .tokenize_bpe import run
-    return run(opts)
-
-
-def _memory(opts: BenchOptions) -> SuiteResult:
-    from .memory import run
-    return run(opts)
-
-
-def _control(opts: BenchOptions) -> SuiteResult:
-    from .control import run
-    return run(opts)
-
-
-SUITES: Mapping[str, Suite] = MappingProxyType({"decode": _decode, "capsules": _capsules,
-                                                "tokenize": _tokenize, "tokenize-diff": _tokenize_diff,
-                                                "tokenize-bpe": _tokenize_bpe, "memory": _memory,
-                                                "control": _control})
+SUITES: Mapping[str, Suite] = MappingProxyType({
+    "decode": _lazy("decode"), "capsules": _lazy("capsules"), "tokenize": _lazy("tokenize"),
+    "tokenize-diff": _lazy("tokenize_diff"), "tokenize-bpe": _lazy("tokenize_bpe"),
+    "memory": _lazy("memory"), "control": _lazy("control")})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

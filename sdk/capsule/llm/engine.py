@@ -14,7 +14,7 @@ import torch
 
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from .kv_pool import KVPool
-from .region import fill, reserve
+from .region import fill, reserve, span
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator, sample_rows
 from .streams import Stream, check_stream_name, common_prefix
@@ -81,8 +81,8 @@ class Engine:
             if s.system_chars:
                 system_ids = self.tokenizer.encode(s.text[:s.system_chars])
                 gap_at = common_prefix(system_ids, s.ids)
-            bs = self.pool.block_size
-            end = -(-gap_at // bs) * bs + -(-region_tokens // bs) * bs + len(s.ids) - gap_at
+            start, size = span(gap_at, region_tokens, self.pool.block_size)
+            end = start + size + len(s.ids) - gap_at
             if end > self.runner.max_context:
                 raise ValueError(f"stream {name!r} with a {region_tokens}-token memory region "
                                  f"would span {end} positions; max_context is "

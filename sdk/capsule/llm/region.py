@@ -61,16 +61,20 @@ class Region:
         return cls(gap_at, start, size, facts)
 
 
+def span(gap_at: int, region_tokens: int, block_size: int) -> tuple[int, int]:
+    """(start, size) of a region after gap_at prefix tokens: both block-aligned."""
+    if region_tokens < 1:
+        raise ValueError(f"region_tokens must be >= 1, got {region_tokens}")
+    return -(-gap_at // block_size) * block_size, -(-region_tokens // block_size) * block_size
+
+
 def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
     """Put an empty region after the first gap_at tokens; later tokens move behind it.
 
     The caller drops cached K/V from gap_at on (it sits at the old positions).
     """
     bs = table.pool.block_size
-    if region_tokens < 1:
-        raise ValueError(f"region_tokens must be >= 1, got {region_tokens}")
-    start = -(-gap_at // bs) * bs
-    size = -(-region_tokens // bs) * bs
+    start, size = span(gap_at, region_tokens, bs)
     table.truncate(gap_at)
     table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs)
     region = Region(gap_at, start, size)
