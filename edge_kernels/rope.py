@@ -9,7 +9,7 @@ time (the error type is imported lazily), and never `capsule.llm.model`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -32,38 +32,52 @@ def check_reinjectable(rope: Any) -> None:
         "(YaRN and dynamic NTK scale depend on the sequence length)")
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
                    positions: torch.Tensor, slots: torch.Tensor,
                    cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
     """Rotate pre-RoPE keys to `positions` and write K and V of every layer into `slots`.
 
-    kv_pool: (NB, L, 2, bs, KV, hd), fp32/fp16/bf16, written in place;
-    k_pre, v: (L, T, KV, hd), any float dtype, any device (moved to the pool's);
-    positions: (T,) int64 serving positions, each < P; slots: (T,) int64 distinct
-    block * bs + offset, each < NB * bs; cos_table, sin_table: fp32 (P, hd), i.e.
-    Decoder.rope_cos / rope_sin after prepare_rope. The rotation is computed in fp32 and
-    rounded once to the pool dtype (fp32 pools: bit-identical to Decoder.forward's keys).
-    The caller marks the blocks dirty (BlockTable.slots does) and owns slot allocation.
+    k_pre, v: (L, T, KV, hd), any float dtype, any device; the rest as in rotate_scatter_tokens,
+    which this calls with the two stacked token-major (one copy; facts kept token-major skip it).
     """
-    if kv_pool.dim() != 6:
-        raise ValueError(f"kv_pool must be (NB, L, 2, bs, KV, hd), got shape {tuple(kv_pool.shape)}")
-    NB, L, two, bs, KV, hd = kv_pool.shape
-    if two != 2:
-        raise ValueError(f"kv_pool dim 2 must be 2 (K, V), got {two}")
-    if kv_pool.dtype not in _POOL_DTYPES:
-        raise ValueError(f"kv_pool dtype must be one of {_POOL_DTYPES}, got {kv_pool.dtype}")
+    _check_pool(kv_pool)
+    _, L, _, _, KV, hd = kv_pool.shape
     if k_pre.dim() != 4 or k_pre.shape[0] != L or tuple(k_pre.shape[2:]) != (KV, hd):
         raise ValueError(f"k_pre must be (L, T, KV, hd) = ({L}, T, {KV}, {hd}), got {tuple(k_pre.shape)}")
-    T = k_pre.shape[1]
     if tuple(v.shape) != tuple(k_pre.shape):
         raise ValueError(f"v must have k_pre's shape {tuple(k_pre.shape)}, got {tuple(v.shape)}")
     if not (k_pre.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"k_pre and v must be floating point, got {k_pre.dtype}, {v.dtype}")
+    rotate_scatter_tokens(kv_pool, [torch.stack((k_pre, v), dim=2).transpose(0, 1)], positions,
+                          slots, cos_table, sin_table)
+
+
+def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
+                          positions: torch.Tensor, slots: torch.Tensor,
+                          cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
+    """Concatenate token-major K/V parts, rotate their keys to `positions`, write them to `slots`.
+
+    kv_pool: (NB, L, 2, bs, KV, hd), fp32/fp16/bf16, written in place;
+    parts: tensors (T_i, L, 2, KV, hd), [:, :, 0] keys before RoPE and [:, :, 1] values, any
+    float dtype, any device (moved to the pool's), never modified; T = sum of T_i;
+    positions: (T,) int64 serving positions, each < P; slots: (T,) int64 distinct
+    block * bs + offset, each < NB * bs; cos_table, sin_table: fp32 (P, hd), i.e.
+    Decoder.rope_cos / rope_sin after prepare_rope. The rotation is computed in fp32 and
+    rounded once to the pool dtype (fp32 pools: bit-identical to Decoder.forward's keys).
+    Token-major parts make this one concatenation (a memcpy per part), an in-place rotation
+    and one scatter, whatever the number of parts. The caller marks the blocks dirty
+    (BlockTable.slots does) and owns slot allocation.
+    """
+    _check_pool(kv_pool)
+    NB, L, _, bs, KV, hd = kv_pool.shape
+    parts = list(parts)
+    for i, part in enumerate(parts):
+        if not isinstance(part, torch.Tensor) or part.dim() != 5 or tuple(part.shape[1:]) != (L, 2, KV, hd):
+            got = tuple(part.shape) if isinstance(part, torch.Tensor) else type(part).__name__
+            raise ValueError(f"parts[{i}] must be (T, L, 2, KV, hd) = (T, {L}, 2, {KV}, {hd}), got {got}")
+        if not part.is_floating_point():
+            raise ValueError(f"parts[{i}] must be floating point, got {part.dtype}")
+    T = sum(p.shape[0] for p in parts)
     for name, idx in (("positions", positions), ("slots", slots)):
         if idx.dtype != torch.int64 or tuple(idx.shape) != (T,):
             raise ValueError(f"{name} must be int64 of shape ({T},), got {idx.dtype} {tuple(idx.shape)}")
@@ -91,12 +105,36 @@ def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
     if has_dup:
         raise ValueError("slots must be distinct: two tokens cannot share a cache slot")
 
-    cos = cos_table.to(dev)[positions].view(1, T, 1, hd)                  # (1, T, 1, hd) fp32
-    sin = sin_table.to(dev)[positions].view(1, T, 1, hd)
-    k = k_pre.to(dev).float()                                             # (L, T, KV, hd) fp32
-    k_rot = (k * cos + rotate_half(k) * sin).to(kv_pool.dtype)           # rounded once
-    kv = torch.stack((k_rot, v.to(device=dev, dtype=kv_pool.dtype)), dim=1)  # (L, 2, T, KV, hd)
+    buf = torch.cat([p.to(dev) for p in parts])                           # (T, L, 2, KV, hd), ours
+    k = buf[:, :, 0].float()              # (T, L, KV, hd) fp32: a view of buf when buf is fp32
+    _rotate_(k, cos_table.to(dev)[positions].view(T, 1, 1, hd), sin_table.to(dev)[positions].view(T, 1, 1, hd))
+    if buf.dtype != kv_pool.dtype or k.data_ptr() != buf.data_ptr():
+        out = torch.empty(buf.shape, dtype=kv_pool.dtype, device=dev)
+        out[:, :, 0] = k                                                  # rounded once
+        out[:, :, 1] = buf[:, :, 1]
+        buf = out
     block = torch.div(slots, bs, rounding_mode="floor")
     offset = slots - block * bs
     # (NB, bs, L, 2, KV, hd) view of the same storage: one index_put_ writes every layer's K and V
-    kv_pool.permute(0, 3, 1, 2, 4, 5).index_put_((block, offset), kv.permute(2, 0, 1, 3, 4))
+    kv_pool.permute(0, 3, 1, 2, 4, 5).index_put_((block, offset), buf)
+
+
+def _rotate_(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """k <- k * cos + rotate_half(k) * sin in place, fp32, bit-identical to that expression:
+    (-b) * s == -(b * s) and a + (-c) == a - c exactly, so only the temporaries differ."""
+    half = k.shape[-1] // 2
+    lo, hi = k[..., :half], k[..., half:]
+    lo_sin = lo * sin[..., half:]         # rotate_half(k) = (-hi, lo): lo meets the upper sines
+    hi_sin = hi * sin[..., :half]
+    k.mul_(cos)
+    lo.sub_(hi_sin)
+    hi.add_(lo_sin)
+
+
+def _check_pool(kv_pool: torch.Tensor) -> None:
+    if kv_pool.dim() != 6:
+        raise ValueError(f"kv_pool must be (NB, L, 2, bs, KV, hd), got shape {tuple(kv_pool.shape)}")
+    if kv_pool.shape[2] != 2:
+        raise ValueError(f"kv_pool dim 2 must be 2 (K, V), got {kv_pool.shape[2]}")
+    if kv_pool.dtype not in _POOL_DTYPES:
+        raise ValueError(f"kv_pool dtype must be one of {_POOL_DTYPES}, got {kv_pool.dtype}")

@@ -67,7 +67,7 @@ class MemoryMethods:
             for fact in mem.recall(query, memory_k):
                 kv = mem.kv(fact.id)
                 if kv is not None:
-                    chosen.append((fact.id, kv.k_pre, kv.v))
+                    chosen.append((fact.id, kv.kv))
             engine.fill_memory(name, chosen, mem.config.region_tokens)
 
     def _mem(self) -> Memory:

@@ -65,16 +65,17 @@ class Engine:
         else:
             s.last_user = text
 
-    def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
+    def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
                     region_tokens: int) -> bool:
-        """Make the stream's memory region hold exactly these facts (id, k_pre, v), in order.
+        """Make the stream's memory region hold exactly these facts (id, kv), in order; kv is
+        token-major (T, L, 2, KV, hd) pre-RoPE keys and values (FactKV.kv).
 
         The region (region_tokens positions, block-aligned) is reserved on first use right
         after the system prefix; the K/V of tokens after it is recomputed once then, and never
         again when the facts change. Returns True when the region's content changed.
         """
         s = self.stream(name)
-        if s.region is not None and s.region.fact_ids == tuple(f for f, _, _ in facts):
+        if s.region is not None and s.region.fact_ids == tuple(f for f, _ in facts):
             return False
         if s.region is None:
             gap_at = 0

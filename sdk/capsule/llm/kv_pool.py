@@ -161,6 +161,17 @@ class BlockTable:
         self.pool.dirty.update(self.blocks[p // bs] for p in positions)
         return [self.blocks[p // bs] * bs + p % bs for p in positions]
 
+    def slot_range(self, start: int, end: int) -> torch.Tensor:
+        """Slot ids of positions start..end-1 as an int64 tensor on the pool's device, computed
+        per block rather than per position (marks their blocks dirty: the caller writes them)."""
+        bs, dev = self.pool.block_size, self.pool.tensor.device
+        first, last = start // bs, -(-end // bs)
+        blocks = self.blocks[first:last]
+        self.pool.dirty.update(blocks)
+        per_block = torch.tensor(blocks, dtype=torch.long, device=dev).view(-1, 1) * bs
+        slots = (per_block + torch.arange(bs, device=dev)).view(-1)              # (n_blocks * bs,)
+        return slots[start - first * bs:end - first * bs]
+
     def attended(self, n_blocks: int) -> tuple[list[int], list[int] | None]:
         """(blocks, their indices) of the first n_blocks minus the skipped ones; indices None
         when nothing is skipped (attention then takes slot s as position s)."""

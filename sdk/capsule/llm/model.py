@@ -5,7 +5,7 @@ The model holds no cache of its own: K/V live in the pool passed to `forward`.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
-from .paged_attention import paged_attention, write_kv
+from .paged_attention import attention_mask, paged_attention, write_kv
 from .rope import apply_rope, rope_tables
 
 
@@ -97,6 +97,7 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
                 slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
+                segments: Sequence[tuple[int, int, int]] | None = None,
                 capture: list | None = None) -> torch.Tensor:
         """input_ids, positions: (B, T); slot_mapping: (B*T,); block_tables: (B, nb);
         kv_pool: (NB, L, 2, bs, KV, hd). Returns the final normed hidden states (B, T, D).
@@ -104,6 +105,7 @@ class Decoder(nn.Module):
         slot_valid: the pool's (NB, bs) readable-slot mask (memory regions leave holes).
         block_pos: (B, nb) the index in the stream of each block of block_tables, when blocks
         are left out (eager prefill skips wholly empty memory-region blocks).
+        segments: query segments for paged_attention (eager prefill across a memory region).
 
         capture: when a list, one (k_pre, v) per layer is appended, each (B*T, KV, hd): keys
         after k_proj and before RoPE (memory facts are stored unrotated). Eager use only."""
@@ -118,6 +120,9 @@ class Decoder(nn.Module):
             bs = kv_pool.shape[3]
             key_pos = (block_pos.unsqueeze(-1) * bs
                        + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
+        # the same for every layer: built once per forward
+        mask = attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3], H // KV, self.dtype,
+                              key_valid, key_pos)                            # (B, 1, T*G, S)
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
@@ -130,8 +135,8 @@ class Decoder(nn.Module):
             k = apply_rope(k.view(B * T, KV, hd), cos, sin)                    # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
             write_kv(k_cache, v_cache, slot_mapping, k, v.view(B * T, KV, hd))
-            att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache,
-                                  block_tables, positions, self.scale, key_valid, key_pos)         # (B, T, H, hd)
+            att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
+                                  self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
             x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
             h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
             x = x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)

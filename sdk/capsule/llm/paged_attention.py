@@ -6,6 +6,8 @@ same code is captured into a CUDA graph on GPU and runs eagerly on CPU.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -24,17 +26,41 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
     v_cache.index_put_((block, offset), v)
 
 
+def attention_mask(positions: torch.Tensor, S: int, G: int, dtype: torch.dtype,
+                   key_valid: torch.Tensor | None = None,
+                   key_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive mask (B, 1, T*G, S): 0 where a query may read a key, -inf elsewhere.
+
+    positions: (B, T) of the queries; key slot s of a stream is position s, or key_pos (B, S)
+    when blocks were left out. A query at position p sees keys at positions <= p that
+    key_valid (B, S) allows (holes of a memory region are not valid). Every layer uses the
+    same mask, so a forward builds it once; G: query heads per kv head (rows are t * G + g).
+    """
+    B, T = positions.shape
+    if key_pos is None:
+        key_pos = torch.arange(S, device=positions.device)
+    allowed = key_pos.view(-1, 1, S) <= positions.view(B, T, 1)        # (B, T, S)
+    if key_valid is not None:
+        allowed = allowed & key_valid.view(B, 1, S)
+    mask = torch.zeros(B, T, 1, S, dtype=dtype, device=positions.device)
+    mask.masked_fill_(~allowed.unsqueeze(2), float("-inf"))           # what SDPA does with a bool mask
+    return mask.expand(B, T, G, S).reshape(B, 1, T * G, S)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, positions: torch.Tensor, scale: float,
                     key_valid: torch.Tensor | None = None,
-                    key_pos: torch.Tensor | None = None) -> torch.Tensor:
+                    key_pos: torch.Tensor | None = None, *,
+                    mask: torch.Tensor | None = None,
+                    segments: Sequence[tuple[int, int, int]] | None = None) -> torch.Tensor:
     """Causal attention of queries over their stream's cached keys.
 
     q: (B, T, H, hd) queries of B streams, T tokens each, at `positions` (B, T);
-    block_tables: (B, nb) block ids; key slot s of stream b is position s.
-    A query at position p sees keys at positions <= p (its own key is already written) that
-    key_valid (B, S) allows (holes of a memory region are not valid). key_pos (B, S): the
-    position of each gathered key when block_tables leaves blocks out (default: slot s is s).
+    block_tables: (B, nb) block ids; key slot s of stream b is position s (see attention_mask
+    for key_valid and key_pos). mask: attention_mask's result, when the caller built it once
+    for all layers. segments: (q_lo, q_hi, n_keys) host ints covering 0..T: queries
+    q_lo..q_hi-1 read only the first n_keys gathered keys, the rest being masked for them
+    anyway (a prefill chunk's system-prefix queries skip the memory region after them).
     Returns (B, T, H, hd).
     """
     B, T, H, hd = q.shape
@@ -45,13 +71,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v = v_cache[block_tables].view(B, S, KV, hd).transpose(1, 2)
     # group query heads by their kv head so no K/V copy is needed for GQA
     q = q.view(B, T, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, T * G, hd)
-    if key_pos is None:
-        key_pos = torch.arange(S, device=q.device)
-    allowed = key_pos.view(-1, 1, S) <= positions.view(B, T, 1)        # (B, T, S)
-    if key_valid is not None:
-        allowed = allowed & key_valid.view(B, 1, S)
-    allowed = allowed.unsqueeze(2).expand(B, T, G, S).reshape(B, 1, T * G, S)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    if mask is None:
+        mask = attention_mask(positions, S, G, q.dtype, key_valid, key_pos)
+    if segments is None:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    else:
+        out = torch.empty_like(q)
+        for lo, hi, n in segments:                                    # rows t * G + g
+            rows = slice(lo * G, hi * G)
+            out[:, :, rows] = F.scaled_dot_product_attention(
+                q[:, :, rows], k[:, :, :n], v[:, :, :n], attn_mask=mask[:, :, rows, :n], scale=scale)
     return out.view(B, KV, T, G, hd).permute(0, 2, 1, 3, 4).reshape(B, T, H, hd)
 
 

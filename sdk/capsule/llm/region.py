@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from edge_kernels.rope import check_reinjectable, rotate_scatter
+from edge_kernels.rope import check_reinjectable, rotate_scatter_tokens
 
 from .kv_pool import BlockTable
 from .model import Decoder
@@ -33,6 +33,11 @@ class Region:
     @property
     def fact_ids(self) -> tuple[int, ...]:
         return tuple(f for f, _, _ in self.facts)
+
+    @property
+    def used_end(self) -> int:
+        """The position after the last fact (facts are packed from the start)."""
+        return self.start + sum(n for _, _, n in self.facts)
 
     def to_json(self) -> dict:
         return {"gap_at": self.gap_at, "start": self.start, "size": self.size,
@@ -85,23 +90,18 @@ def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
 def mark_holes(table: BlockTable, region: Region) -> None:
     """Set slot_valid (and the blocks prefill may skip) from the region's layout."""
     table.set_valid(region.gap_at, region.start + region.size, False)
-    for _, pos, n in region.facts:
-        table.set_valid(pos, pos + n, True)
-    _set_skip(table, region)
-
-
-def _set_skip(table: BlockTable, region: Region) -> None:
-    # facts are packed from the start: the blocks after the last fact hold nothing readable
+    table.set_valid(region.start, region.used_end, True)   # facts are packed from the start
+    # so the blocks after the last fact hold nothing readable: prefill skips them
     bs = table.pool.block_size
-    used_end = max((pos + n for _, pos, n in region.facts), default=region.start)
-    table.skip = (-(-used_end // bs), (region.start + region.size) // bs)
+    table.skip = (-(-region.used_end // bs), (region.start + region.size) // bs)
 
 
 def fill(table: BlockTable, region: Region, model: Decoder,
-         facts: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
-    """Replace the region's facts: (fact id, k_pre, v), each (L, T, KV, hd), packed in order."""
+         facts: Sequence[tuple[int, torch.Tensor]]) -> None:
+    """Replace the region's facts: (fact id, kv), kv token-major (T, L, 2, KV, hd) pre-RoPE
+    keys and values (FactKV.kv), packed in order from the region's start."""
     check_reinjectable(model.cfg.rope)
-    total = sum(k.shape[1] for _, k, _ in facts)
+    total = sum(kv.shape[0] for _, kv in facts)
     if total > region.size:
         raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
@@ -109,17 +109,14 @@ def fill(table: BlockTable, region: Region, model: Decoder,
     mark_holes(table, region)   # all holes until the new facts are written
     if not facts:
         return
-    dev = table.pool.tensor.device
     placed, at = [], region.start
-    for fid, k_pre, _ in facts:
-        placed.append((fid, at, k_pre.shape[1]))
-        at += k_pre.shape[1]
-    positions = list(range(region.start, at))
-    slots = table.slots_at(positions)
-    # all facts in one rotate + scatter pass: (L, sum T, KV, hd)
-    k_all = torch.cat([k for _, k, _ in facts], dim=1)
-    v_all = torch.cat([v for _, _, v in facts], dim=1)
-    rotate_scatter(table.pool.tensor, k_all, v_all, torch.tensor(positions, device=dev),
-                   torch.tensor(slots, device=dev), model.rope_cos, model.rope_sin)
+    for fid, kv in facts:
+        placed.append((fid, at, kv.shape[0]))
+        at += kv.shape[0]
+    dev = table.pool.tensor.device
+    # all facts in one rotate + scatter pass: (sum T, L, 2, KV, hd)
+    rotate_scatter_tokens(table.pool.tensor, [kv for _, kv in facts],
+                          torch.arange(region.start, at, device=dev), table.slot_range(region.start, at),
+                          model.rope_cos, model.rope_sin)
     region.facts = placed
     mark_holes(table, region)

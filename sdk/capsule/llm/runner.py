@@ -9,6 +9,7 @@ torch.Generator (host state of the stream, not a static buffer).
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -194,6 +195,21 @@ class GraphRunner:
             block_pos = None if idx is None else torch.tensor([idx], dtype=torch.long, device=dev)
             hidden = self.model(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
                                 self.pool.tensor, slot_valid=self.pool.slot_valid,
-                                block_pos=block_pos)                             # (1, C, D)
+                                block_pos=block_pos,
+                                segments=_gap_segments(at, idx, self.pool.block_size))  # (1, C, D)
             table.num_cached = c1
         return self.model.lm_head(hidden[0, -1])
+
+
+def _gap_segments(at: list[int], kept_idx: list[int] | None,
+                  block_size: int) -> tuple[tuple[int, int, int], ...] | None:
+    """Query segments for a prefill chunk whose positions jump over a memory region: the
+    queries before the jump read only the kept blocks up to their last position (the region
+    and everything after it are masked for them), the rest read every kept block."""
+    split = next((t for t in range(1, len(at)) if at[t] != at[t - 1] + 1), None)
+    if split is None:
+        return None
+    last_block = at[split - 1] // block_size
+    n_blocks = last_block + 1 if kept_idx is None else bisect.bisect_right(kept_idx, last_block)
+    n_all = len(kept_idx) if kept_idx is not None else -(-(at[-1] + 1) // block_size)
+    return ((0, split, n_blocks * block_size), (split, len(at), n_all * block_size))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import operator
 import struct
 import zlib
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -33,31 +32,47 @@ _DTYPES: dict[int, tuple[torch.dtype, torch.dtype, str]] = {
 _CODES = {dt: code for code, (dt, _, _) in _DTYPES.items()}
 
 
-@dataclass(frozen=True, eq=False)
 class FactKV:
     """One fact's per-layer keys (pre-RoPE) and values, CPU tensors in the model dtype.
 
-    k_pre, v: (L, T, KV, hd); token t of the fact is k_pre[:, t] / v[:, t].
+    Held token-major, kv: (T, L, 2, KV, hd) with [:, :, 0] the keys and [:, :, 1] the values,
+    so injecting k facts is one concatenation (a memcpy per fact) however many there are.
+    k_pre, v: (L, T, KV, hd) views of it; token t of the fact is k_pre[:, t] / v[:, t].
     """
 
-    k_pre: torch.Tensor
-    v: torch.Tensor
+    __slots__ = ("kv",)
 
-    def __post_init__(self) -> None:
-        k, v = self.k_pre, self.v
-        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+    def __init__(self, k_pre: torch.Tensor, v: torch.Tensor) -> None:
+        if not isinstance(k_pre, torch.Tensor) or not isinstance(v, torch.Tensor):
             raise ValueError("FactKV holds two torch tensors, k_pre and v")
-        if k.dim() != 4 or tuple(k.shape) != tuple(v.shape) or k.shape[1] < 1 or k.numel() == 0:
+        if k_pre.dim() != 4 or tuple(k_pre.shape) != tuple(v.shape) or k_pre.shape[1] < 1 \
+                or k_pre.numel() == 0:
             raise ValueError(f"k_pre and v must share one non-empty (L, T, KV, hd) shape, got "
-                             f"{tuple(k.shape)} and {tuple(v.shape)}")
-        if k.dtype != v.dtype or k.dtype not in _CODES:
-            raise ValueError(f"k_pre and v must share a dtype among {list(_CODES)}, got {k.dtype}, {v.dtype}")
-        if k.device.type != "cpu" or v.device.type != "cpu":
-            raise ValueError(f"FactKV tensors live on the CPU, got {k.device} and {v.device}")
+                             f"{tuple(k_pre.shape)} and {tuple(v.shape)}")
+        if k_pre.dtype != v.dtype or k_pre.dtype not in _CODES:
+            raise ValueError(f"k_pre and v must share a dtype among {list(_CODES)}, got {k_pre.dtype}, {v.dtype}")
+        if k_pre.device.type != "cpu" or v.device.type != "cpu":
+            raise ValueError(f"FactKV tensors live on the CPU, got {k_pre.device} and {v.device}")
+        self.kv = torch.stack((k_pre, v), dim=2).transpose(0, 1).contiguous()   # (T, L, 2, KV, hd)
+
+    @classmethod
+    def _of_tokens(cls, kv: torch.Tensor) -> "FactKV":
+        """Wrap a contiguous (T, L, 2, KV, hd) tensor already checked by the caller."""
+        fact = cls.__new__(cls)
+        fact.kv = kv
+        return fact
+
+    @property
+    def k_pre(self) -> torch.Tensor:
+        return self.kv[:, :, 0].transpose(0, 1)                               # (L, T, KV, hd)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv[:, :, 1].transpose(0, 1)
 
     @property
     def n_tokens(self) -> int:
-        return self.k_pre.shape[1]
+        return self.kv.shape[0]
 
     def to_bytes(self) -> bytes:
         """Header (magic, version, dtype, L, T, KV, hd, crc32) + raw little-endian K then V."""
@@ -110,12 +125,10 @@ class FactKV:
         if zlib.crc32(payload, zlib.crc32(mv[:_CRC_AT])) != crc:
             raise ValueError("fact KV data fails its crc32: the bytes are corrupted")
 
-        def tensor(i: int) -> torch.Tensor:
-            raw = np.frombuffer(payload, dtype=le, count=n, offset=i * n * item)
-            native = raw.astype(raw.dtype.newbyteorder("="))  # a writable copy in host byte order
-            return torch.from_numpy(native).view(dtype).view(L, t_, KV, hd)
-
-        return cls(tensor(0), tensor(1))
+        # K then V on disk, each (L, T, KV, hd): one copy makes them token-major in host byte order
+        raw = np.frombuffer(payload, dtype=le, count=2 * n).reshape(2, L, t_, KV, hd)
+        native = np.ascontiguousarray(raw.transpose(2, 1, 0, 3, 4), dtype=raw.dtype.newbyteorder("="))
+        return cls._of_tokens(torch.from_numpy(native).view(dtype))          # (T, L, 2, KV, hd)
 
 
 def _check_expect(expect: tuple[int, int, int, torch.dtype]) -> tuple[int, int, int, torch.dtype]:
@@ -175,5 +188,5 @@ def encode_fact(model: Decoder, fact_ids: Sequence[int], context_ids: Sequence[i
               capture=capture)
         k_pre = torch.stack([k[c:] for k, _ in capture]).cpu()                   # (L, T, KV, hd)
         v = torch.stack([vv[c:] for _, vv in capture]).cpu()
-    # clone outside inference mode: callers get ordinary tensors, usable anywhere
-    return FactKV(k_pre.clone(), v.clone())
+    # packed outside inference mode: callers get ordinary tensors, usable anywhere
+    return FactKV(k_pre, v)
