@@ -10,7 +10,7 @@ import torch
 from capsule.errors import UnsupportedArchitecture
 from capsule.llm import BlockTable, KVPool, RopeConfig, load_model
 from capsule.memory.encode import FactKV, encode_fact
-from edge_kernels.rope import check_reinjectable, rotate_scatter
+from edge_kernels.rope import check_reinjectable, rotate_scatter, rotate_scatter_tokens
 from hf_checkpoints import CHECKPOINT_KINDS, make_checkpoint
 
 TOL = 1e-5
@@ -203,6 +203,36 @@ def test_rotate_scatter_validates():
         with pytest.raises(ValueError, match=msg):
             rotate_scatter(*args)
     assert pool.abs().sum() == 0
+
+
+def test_rotate_scatter_tokens_concatenates_parts_and_leaves_them_alone():
+    from capsule.llm.rope import rope_tables
+    L, KV, hd, bs = 2, 2, 16, 4
+    cos, sin = rope_tables(RopeConfig(), hd, 64)
+    facts = [_fact(torch.float32, T) for T in (3, 5, 2)]
+    facts = [FactKV(f.k_pre[:, :, :KV].contiguous(), f.v[:, :, :KV].contiguous()) for f in facts]
+    for f in facts:                                   # token-major view of the same numbers
+        assert tuple(f.kv.shape) == (f.n_tokens, 2, 2, KV, 8)
+        assert torch.equal(f.kv[:, :, 0], f.k_pre.transpose(0, 1))
+    parts = [torch.randn(T, L, 2, KV, hd) for T in (3, 5, 2)]
+    before = [p.clone() for p in parts]
+    pos, slots = torch.arange(20, 30), torch.randperm(12)[:10] + 4
+    got = torch.zeros(4, L, 2, bs, KV, hd)
+    rotate_scatter_tokens(got, parts, pos, slots, cos, sin)
+    assert all(torch.equal(p, b) for p, b in zip(parts, before))
+    joined = torch.cat(parts)                                        # (T, L, 2, KV, hd)
+    want = torch.zeros_like(got)
+    rotate_scatter(want, joined[:, :, 0].transpose(0, 1), joined[:, :, 1].transpose(0, 1), pos, slots, cos, sin)
+    assert torch.equal(got, want)
+    c, s = cos[pos].view(10, 1, 1, hd), sin[pos].view(10, 1, 1, hd)
+    k = joined[:, :, 0]
+    ref = k * c + torch.cat((-k[..., hd // 2:], k[..., :hd // 2]), -1) * s   # Decoder's formula
+    assert torch.equal(got[slots // bs, :, 0, slots % bs], ref)                # bit-identical in fp32
+    for bad, msg in (([torch.zeros(3, L, 2, KV, hd + 1)], "parts\\[0\\]"),
+                     ([torch.zeros(3, L, 2, KV, hd, dtype=torch.long)], "floating"),
+                     ([torch.zeros(4, L, 2, KV, hd)], "positions")):
+        with pytest.raises(ValueError, match=msg):
+            rotate_scatter_tokens(got, bad, pos[:3], slots[:3], cos, sin)
 
 
 def test_check_reinjectable():

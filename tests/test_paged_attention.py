@@ -72,3 +72,33 @@ def test_leaving_out_a_wholly_masked_block_keeps_the_result():
     wrong = paged_attention(q, k_cache, v_cache, kept, positions, hd ** -0.5,
                             key_valid=valid[kept].view(1, -1))
     assert not torch.allclose(full, wrong, atol=1e-3)
+
+
+def test_query_segments_skip_only_keys_that_are_masked_anyway():
+    # a prefill chunk across a memory region: queries 0..2 sit before it (positions 0..2), queries
+    # 3..4 after it (positions 12, 13); the first segment reads only the first block's keys
+    g = torch.Generator().manual_seed(2)
+    bs, hd, H, KV = 4, 8, 6, 2
+    k_cache = torch.randn(8, bs, KV, hd, generator=g)
+    v_cache = torch.randn(8, bs, KV, hd, generator=g)
+    table = torch.tensor([[6, 1, 4, 3]])
+    q = torch.randn(1, 5, H, hd, generator=g)
+    positions = torch.tensor([[0, 1, 2, 12, 13]])
+    full = paged_attention(q, k_cache, v_cache, table, positions, hd ** -0.5)
+    seg = paged_attention(q, k_cache, v_cache, table, positions, hd ** -0.5,
+                          segments=((0, 3, bs), (3, 5, 4 * bs)))
+    assert torch.allclose(full, seg, atol=1e-6, rtol=0)
+    # cutting keys a segment may see changes its rows: the comparison has teeth
+    cut = paged_attention(q, k_cache, v_cache, table, positions, hd ** -0.5,
+                          segments=((0, 3, bs), (3, 5, 3 * bs)))
+    assert torch.allclose(full[:, :3], cut[:, :3], atol=1e-6, rtol=0)
+    assert not torch.allclose(full[:, 3:], cut[:, 3:], atol=1e-3)
+
+
+def test_gap_segments_cut_at_the_jump():
+    from capsule.llm.runner import _gap_segments
+    assert _gap_segments([5, 6, 7], None, 4) is None                       # no jump: one pass
+    # prefix 0..5, region positions 8..39 (blocks 2..9), then 40, 41: all blocks kept
+    assert _gap_segments([4, 5, 40, 41], None, 4) == ((0, 2, 8), (2, 4, 44))
+    # blocks 3..9 of the region are skipped: kept indices 0, 1, 2, 10
+    assert _gap_segments([4, 5, 40, 41], [0, 1, 2, 10], 4) == ((0, 2, 8), (2, 4, 16))
