@@ -75,6 +75,35 @@ def test_injection_equals_block_diagonal_prefill(tmp_path):
     assert got == expect
 
 
+def test_eager_decode_leaves_out_empty_region_blocks_with_the_same_logits(tmp_path):
+    from dataclasses import replace
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+                      memory={"embedder": None, "region_tokens": 256}) as s:
+        for t in FACTS:
+            s.remember(t)
+        _conversation(s)
+        s.generate(3, memory_k=2)
+        eng = s._engine
+        st = eng.streams["main"]
+        lo, hi = st.table.skip
+        assert hi - lo >= 10                       # most of the 16 region blocks hold no fact
+        row = eng._next_row(st)
+        with torch.inference_mode():
+            skipping = eng.runner._skipping_tables([row], 1)
+            assert skipping is not None and skipping[0].shape[1] == len(st.table.blocks) - (hi - lo)
+            short = eng.runner.decode([row]).clone()
+            full = eng.runner.decode([replace(row, skip=(0, 0))]).clone()
+            # a second stream without a region in the same batch: padding keeps it exact too
+            s.append("user: hello", stream="other")
+            eng._prefill_pending(eng.streams["other"])
+            other = eng._next_row(eng.streams["other"])
+            both = eng.runner.decode([row, other]).clone()
+            alone = eng.runner.decode([other]).clone()
+    assert torch.allclose(short, full, atol=1e-5, rtol=0)
+    assert torch.allclose(both[0], short[0], atol=1e-5, rtol=0)
+    assert torch.allclose(both[1], alone[0], atol=1e-5, rtol=0)
+
+
 def test_changing_memory_keeps_the_conversation_kv(tmp_path):
     with _open(tmp_path / "s") as s:
         for t in FACTS:

@@ -196,7 +196,7 @@ class Engine:
         i = len(s.ids) - 1
         s.table.ensure_capacity(i + 1)
         row = DecodeRow(s.ids[-1], s.table.position(i), s.table.slots(i, i + 1)[0],
-                        tuple(s.table.blocks))
+                        tuple(s.table.blocks), s.table.skip)
         s.table.num_cached = i + 1
         return row
 

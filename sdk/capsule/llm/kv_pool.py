@@ -5,6 +5,7 @@ import ctypes
 import heapq
 import mmap
 import sys
+from typing import Sequence
 
 import torch
 
@@ -175,11 +176,7 @@ class BlockTable:
     def attended(self, n_blocks: int) -> tuple[list[int], list[int] | None]:
         """(blocks, their indices) of the first n_blocks minus the skipped ones; indices None
         when nothing is skipped (attention then takes slot s as position s)."""
-        lo, hi = self.skip
-        if hi <= lo or lo >= n_blocks:
-            return self.blocks[:n_blocks], None
-        idx = [j for j in range(n_blocks) if not lo <= j < hi]
-        return [self.blocks[j] for j in idx], idx
+        return attended_blocks(self.blocks, self.skip, n_blocks)
 
     def set_valid(self, start: int, end: int, valid: bool) -> None:
         """Mark positions start..end-1 readable (or not) by attention."""
@@ -189,3 +186,14 @@ class BlockTable:
         pos = torch.arange(start, end, device=dev)
         blocks = torch.tensor(self.blocks, dtype=torch.long, device=dev)[pos // bs]
         self.pool.slot_valid[blocks, pos % bs] = valid
+
+
+def attended_blocks(blocks: Sequence[int], skip: tuple[int, int],
+                    n_blocks: int) -> tuple[list[int], list[int] | None]:
+    """The first n_blocks of `blocks` minus block indices [skip[0], skip[1]) (a memory
+    region's wholly empty blocks), and the indices kept; indices None when none is left out."""
+    lo, hi = skip
+    if hi <= lo or lo >= n_blocks:
+        return list(blocks[:n_blocks]), None
+    idx = [j for j in range(n_blocks) if not lo <= j < hi]
+    return [blocks[j] for j in idx], idx

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from ..state.regions import RegionRegistry
-from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool
+from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool, attended_blocks
 from .model import Decoder
 
 
@@ -29,6 +29,7 @@ class DecodeRow:
     position: int
     slot: int
     blocks: Sequence[int]
+    skip: tuple[int, int] = (0, 0)   # block indices holding nothing readable (BlockTable.skip)
 
 
 class GraphRunner:
@@ -107,8 +108,28 @@ class GraphRunner:
         else:
             # eager: attend only over the blocks in use (same result, less work on CPU)
             longest = max(r.position for r in rows) + 1
-            self._decode_body(b, -(-longest // self.pool.block_size))
+            self._decode_body(b, -(-longest // self.pool.block_size), self._skipping_tables(rows, b))
         return self.logits[:n]
+
+    def _skipping_tables(self, rows: Sequence[DecodeRow], b: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Eager decode only: (block tables, block indices) (b, width) without the rows' wholly
+        empty memory-region blocks; None when no row leaves a block out. A graph always reads
+        the full static table instead (its shapes are fixed)."""
+        bs = self.pool.block_size
+        kept = [attended_blocks(r.blocks, r.skip, -(-(r.position + 1) // bs)) for r in rows]
+        if all(idx is None for _, idx in kept):
+            return None
+        width = max(len(blocks) for blocks, _ in kept)
+        # padding: the scratch block at an index past max_context, so causality masks it
+        tables = torch.full((b, width), SCRATCH_BLOCK, dtype=torch.long)
+        index = torch.full((b, width), self.max_blocks, dtype=torch.long)
+        for i, (blocks, idx) in enumerate(kept):
+            tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            index[i, :len(blocks)] = torch.tensor(idx if idx is not None else range(len(blocks)),
+                                                  dtype=torch.long)
+        index[len(rows):, 0] = 0        # padded batch rows: token 0 at position 0 reads block 0
+        dev = self.pool.tensor.device
+        return tables.to(dev), index.to(dev)
 
     def _load_rows(self, rows: Sequence[DecodeRow], b: int) -> None:
         """Write the batch into the host staging rows, then one copy per static buffer.
@@ -138,11 +159,13 @@ class GraphRunner:
             # on the stream the copies went to (the destination device's current stream)
             self._uploaded.record(torch.cuda.current_stream(self.input_ids.device))
 
-    def _decode_body(self, b: int, n_blocks: int | None = None) -> None:
+    def _decode_body(self, b: int, n_blocks: int | None = None,
+                     skipping: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         nb = self.max_blocks if n_blocks is None else n_blocks
+        tables, block_pos = (self.block_tables[:b, :nb], None) if skipping is None else skipping
         hidden = self.model(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
-                            self.block_tables[:b, :nb], self.pool.tensor,
-                            slot_valid=self.pool.slot_valid)                     # (b, 1, D)
+                            tables, self.pool.tensor, slot_valid=self.pool.slot_valid,
+                            block_pos=block_pos)                                 # (b, 1, D)
         self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
 
     @torch.inference_mode()
