@@ -101,6 +101,8 @@ def _ttft(s: Session, ks: tuple[int, ...], reps: int, clock: Callable[[], float]
         inj, pre = statistics.median(d for d, _, _ in injected), statistics.median(d for d, _, _ in prefilled)
         rows.append({"k": k, "fact_tokens": sum(len(tok.encode(texts[f])) for f in chosen),
                      "injected_ttft_ms": inj * 1e3, "prefill_ttft_ms": pre * 1e3,
+                     "injected_min_max_ms": f"{min(d for d, _, _ in injected) * 1e3:.1f}-"
+                                            f"{max(d for d, _, _ in injected) * 1e3:.1f}",
                      "injected_stream_tokens": injected[0][1], "prefill_stream_tokens": prefilled[0][1],
                      "ratio_prefill_over_injected": pre / inj})
         say(f"TTFT k={k}: injected {inj * 1e3:.1f} ms, prefilled {pre * 1e3:.1f} ms ({pre / inj:.1f}x)")
