@@ -28,6 +28,10 @@ def test_memory_suite_quick(tmp_path, monkeypatch):
         assert isinstance(r["ratio_prefill_over_injected"], float)
         assert math.isfinite(r["ratio_prefill_over_injected"]) and r["ratio_prefill_over_injected"] > 0
         assert r["prefill_stream_tokens"] == r["injected_stream_tokens"] + r["fact_tokens"]
+    dec = res["decode"]
+    assert [r["region_tokens"] for r in dec] == [0, 512, 2048]
+    assert dec[0]["empty_region_blocks"] == 0 and all(r["empty_region_blocks"] > 0 for r in dec[1:])
+    assert all(r["step_ms"] > 0 and r["step_ms_reading_all_blocks"] > 0 for r in dec)
     assert len(res["targets"]) == 2 and all(t["met"] in ("yes", "NO") for t in res["targets"])
     modes = {r["mode"]: r for r in res["recall"]}
     assert set(modes) == {"lexical (BM25)", "embedding only", "hybrid"}

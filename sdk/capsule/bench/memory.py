@@ -3,7 +3,8 @@
 1. TTFT with k facts: generate(1, memory_k=k) (recall + inject the facts' host-cached pre-RoPE K/V
    + prefill system and question) vs generate(1) prefilling the same facts' text; fresh streams.
 2. Recall latency over many facts: lexical (BM25), embedding only, hybrid (Session.recall).
-3. Final hidden state with 10 injected facts (encoding window 0 / 32) vs one joint prefill.
+3. Decode step cost with no region / a 512- / 2048-position region (bench/memory_decode.py).
+4. Final hidden state with 10 injected facts (encoding window 0 / 32) vs one joint prefill.
 How each is measured: the `settings` of the report (built in run below).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from ..memory.embedder import load_embedder
 from ..session import Session
 from . import BenchOptions, SuiteResult
+from .memory_decode import decode_rows
 from .timing import make_clock, percentile
 
 KS, QUICK_KS = (1, 5, 10, 25, 50), (1, 10, 50)
@@ -264,6 +266,8 @@ def run(opts: BenchOptions) -> SuiteResult:
                         "device": str(device), "dtype": s.profile.runtime.dtype, "quick": opts.quick,
                         "torch_threads": torch.get_num_threads()}
             ttft = _ttft(s, ks, reps, make_clock(device), say)
+        decode = decode_rows(tmp, opts, {"kv_pool_mb": 64, "max_context": MAX_CONTEXT}, SYSTEM, QUESTION,
+                             [t for t, _ in make_facts(5, seed=5)], say)
         recall, remember = _recall(tmp, opts, n_facts, n_remember, n_queries, say)
         deviation = _deviation(tmp, opts, tok, say)
     settings.update({
@@ -273,6 +277,10 @@ def run(opts: BenchOptions) -> SuiteResult:
                 "the k facts, their host-cached pre-RoPE K/V rotated and scattered into the stream's "
                 "memory region, prefill of system + question, first token); prefill = generate(1) on "
                 "SYSTEM + the same k facts' texts in the same order + QUESTION. Embedder off here.",
+        "decode": "per region size (none, 512, 2048) a fresh session: system + question with 5 facts "
+                  "injected, then one decode row stepped repeatedly (idempotent); median step after "
+                  "10 warm-up, eager with the region's empty blocks left out vs reading every block "
+                  "(what a CUDA graph does)",
         "load_average_1m": f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end",
         "ks": list(ks), "ttft_reps": reps, "region_tokens": REGION_TOKENS, "max_context": MAX_CONTEXT,
         "kv_pool_mb": KV_POOL_MB, "question_tokens": len(tok.encode(QUESTION)),
@@ -289,9 +297,10 @@ def run(opts: BenchOptions) -> SuiteResult:
                      "aligned), so the question sits < 2 KV blocks later than in the joint text",
     })
     targets = _targets(ttft)
-    results = {"ttft": ttft, "recall": recall, "remember": remember, "deviation": deviation,
-               "targets": targets}
+    results = {"ttft": ttft, "decode": decode, "recall": recall, "remember": remember,
+               "deviation": deviation, "targets": targets}
     return SuiteResult(settings=settings, results=results,
-                       tables={"TTFT: injected vs prefilled facts": ttft, "recall latency": recall,
+                       tables={"TTFT: injected vs prefilled facts": ttft,
+                               "decode step with a memory region": decode, "recall latency": recall,
                                "remember and fill": [remember],
                                "injected vs joint prefill deviation": deviation, "targets": targets})
