@@ -127,7 +127,8 @@ class FactKV:
 
         # K then V on disk, each (L, T, KV, hd): one copy makes them token-major in host byte order
         raw = np.frombuffer(payload, dtype=le, count=2 * n).reshape(2, L, t_, KV, hd)
-        native = np.ascontiguousarray(raw.transpose(2, 1, 0, 3, 4), dtype=raw.dtype.newbyteorder("="))
+        native = np.array(raw.transpose(2, 1, 0, 3, 4), dtype=raw.dtype.newbyteorder("="), order="C",
+                          copy=True)   # always a copy: writable, never aliasing the caller's buffer
         return cls._of_tokens(torch.from_numpy(native).view(dtype))          # (T, L, 2, KV, hd)
 
 
