@@ -38,7 +38,8 @@ def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
     """Rotate pre-RoPE keys to `positions` and write K and V of every layer into `slots`.
 
     k_pre, v: (L, T, KV, hd), any float dtype, any device; the rest as in rotate_scatter_tokens,
-    which this calls with the two stacked token-major (one copy; facts kept token-major skip it).
+    which this calls with the two stacked token-major (an extra copy that facts kept token-major,
+    FactKV.kv, do not pay).
     """
     _check_pool(kv_pool)
     _, L, _, _, KV, hd = kv_pool.shape
@@ -48,8 +49,9 @@ def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"v must have k_pre's shape {tuple(k_pre.shape)}, got {tuple(v.shape)}")
     if not (k_pre.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"k_pre and v must be floating point, got {k_pre.dtype}, {v.dtype}")
-    rotate_scatter_tokens(kv_pool, [torch.stack((k_pre, v), dim=2).transpose(0, 1)], positions,
-                          slots, cos_table, sin_table)
+    dev = kv_pool.device
+    tokens = torch.stack((k_pre.to(dev), v.to(dev)), dim=2).transpose(0, 1)   # (T, L, 2, KV, hd)
+    rotate_scatter_tokens(kv_pool, [tokens], positions, slots, cos_table, sin_table)
 
 
 def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],

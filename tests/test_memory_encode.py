@@ -129,6 +129,13 @@ def test_factkv_round_trip_is_exact(dtype):
     assert back.k_pre.dtype == dtype and back.n_tokens == 5
     assert torch.equal(back.k_pre, fact.k_pre) and torch.equal(back.v, fact.v)
     assert torch.equal(FactKV.from_bytes(bytearray(fact.to_bytes()), expect=(2, 3, 8, dtype)).v, fact.v)
+    # one layer, one token: the token-major view of the bytes is already contiguous, and still
+    # the parsed fact owns its memory (writable, not aliasing the input buffer)
+    one = FactKV(torch.randn(1, 1, 3, 8).to(dtype), torch.randn(1, 1, 3, 8).to(dtype))
+    for data in (bytearray(one.to_bytes()), one.to_bytes()):
+        parsed = FactKV.from_bytes(data, expect=(1, 3, 8, dtype))
+        parsed.kv.add_(1)                              # a read-only alias would raise / warn here
+        assert torch.equal(FactKV.from_bytes(data, expect=(1, 3, 8, dtype)).kv, one.kv)
 
 
 def test_factkv_from_bytes_rejects_bad_data():
@@ -154,13 +161,6 @@ def test_factkv_from_bytes_rejects_bad_data():
         FactKV.from_bytes(data, expect=(2, 3, 8))
     with pytest.raises(ValueError):
         FactKV(torch.zeros(2, 0, 3, 8), torch.zeros(2, 0, 3, 8))
-    # one layer, one token: the token-major view of the bytes is already contiguous, and still
-    # the parsed fact owns its memory (writable, not aliasing a mutable input buffer)
-    one = FactKV(torch.randn(1, 1, 3, 8).to(dtype), torch.randn(1, 1, 3, 8).to(dtype))
-    data = bytearray(one.to_bytes())
-    parsed = FactKV.from_bytes(data, expect=(1, 3, 8, dtype))
-    parsed.kv.add_(1)
-    assert torch.equal(FactKV.from_bytes(data, expect=(1, 3, 8, dtype)).kv, one.kv)
 
 
 # -- rotate_scatter numerics and validation -----------------------------------------------------

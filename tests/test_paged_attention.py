@@ -93,6 +93,9 @@ def test_query_segments_skip_only_keys_that_are_masked_anyway():
                           segments=((0, 3, bs), (3, 5, 3 * bs)))
     assert torch.allclose(full[:, :3], cut[:, :3], atol=1e-6, rtol=0)
     assert not torch.allclose(full[:, 3:], cut[:, 3:], atol=1e-3)
+    for bad in (((0, 3, bs),), ((0, 3, bs), (2, 5, 16)), ((0, 3, 0), (3, 5, 16)), ((0, 3, bs), (3, 5, 17))):
+        with pytest.raises(ValueError, match="segments"):
+            paged_attention(q, k_cache, v_cache, table, positions, hd ** -0.5, segments=bad)
 
 
 def test_gap_segments_cut_at_the_jump():

@@ -78,6 +78,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if segments is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     else:
+        ends = [0] + [hi for _, hi, _ in segments]
+        if [lo for lo, _, _ in segments] != ends[:-1] or ends[-1] != T \
+                or any(not 0 < n <= S for _, _, n in segments):
+            raise ValueError(f"segments must cover queries 0..{T} in order, each reading 1..{S} "
+                             f"keys, got {list(segments)}")
         out = torch.empty_like(q)
         for lo, hi, n in segments:                                    # rows t * G + g
             rows = slice(lo * G, hi * G)
