@@ -64,3 +64,33 @@ def test_truncated_index_is_corrupt_not_empty(tmp_path):
         (store / extra).unlink(missing_ok=True)
     with pytest.raises(CapsuleCorrupt):
         Session.open(store, device="cpu", runtime=RT)
+
+
+def test_a_damaged_segment_header_is_not_written_after(tmp_path):
+    # every record after a damaged header is unreadable: new writes must go to a new segment,
+    # or a checkpoint (and a remembered fact) would be acknowledged and then lost
+    store = tmp_path / "s"
+    with Session.open(store, model="builtin:tiny", device="cpu", runtime=RT, memory={"embedder": None}) as s:
+        s.remember("The red cup is fragile.")
+        s.append("user: the charger is in bay 2.\n")
+        s.generate(3)
+        s.checkpoint()
+    seg = _segment(store)
+    data = bytearray(seg.read_bytes())
+    data[0] ^= 0x01                                   # the segment's magic
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CapsuleCorrupt):
+        Session.open(store, model="builtin:tiny", device="cpu", runtime=RT)
+    with Session.open(store, model="builtin:tiny", device="cpu", runtime=RT, restore=False,
+                      memory={"embedder": None}) as s:
+        fid = s.remember("The green mat is wet.")
+        s.append("user: where is the mat?\n")
+        s.generate(2)
+        s.checkpoint()
+        tokens = s.tokens()
+    assert _segment(store) != seg                     # a new file took the writes
+    with Session.open(store, model="builtin:tiny", device="cpu", runtime=RT,
+                      memory={"embedder": None}) as s:
+        assert s.tokens() == tokens
+        assert [f.id for f in s.recall("green mat wet", 1)] == [fid]
+        assert s._memory.kv(fid) is not None          # its K/V record reads back

@@ -88,8 +88,14 @@ class SegmentWriter:
         self._buf = bytearray()
 
     def attach(self, segment: int | None, end: int, next_segment: int) -> None:
-        """Continue after the committed state: append at (segment, end), or start a new file."""
+        """Continue after the committed state: append at (segment, end), or start a new file.
+
+        A segment whose header is damaged is not continued: every record appended to it would
+        be unreadable (readers check the header first), so writes go to a new file instead.
+        """
         self.abandon()
+        if segment is not None and not _header_intact(self._dir, segment, self._signed):
+            segment, end = None, 0
         self._seg, self._end, self._next_seg = segment, end, next_segment
 
     def position(self) -> Position:
@@ -183,6 +189,18 @@ class SegmentWriter:
         self._seg, self._end = seg, SEGMENT_HEADER.size
         self._ends[seg] = self._end
         self._buf += segment_header(seg, self._signed)
+
+
+def _header_intact(folder: Path, segment: int, signed: bool) -> bool:
+    try:
+        fd = os.open(segment_path(folder, segment), os.O_RDONLY)
+        try:
+            check_segment_header(os.pread(fd, SEGMENT_HEADER.size, 0), segment, signed)
+        finally:
+            os.close(fd)
+    except (OSError, RecordError):
+        return False
+    return True
 
 
 class SegmentReader:
