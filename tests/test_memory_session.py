@@ -188,8 +188,72 @@ def test_bad_memory_input(tmp_path):
             s.forget(0)
         with pytest.raises(KeyError):
             s.forget(99)
+        with pytest.raises(ValueError, match="tags must be a list of str"):
+            s.remember("The mug is blue.", tags="kitchen")       # not seven one-letter tags
+        with pytest.raises(ValueError, match="tags must be a list of str"):
+            s.remember("The mug is blue.", tags={"kitchen": 1})
+        with pytest.raises(ValueError, match="surrogate"):
+            s.remember("bad \ud800 text")
+        with pytest.raises(ValueError, match="context must be a str"):
+            s.remember("The mug is blue.", context=5)
     with pytest.raises(ValueError, match="unknown memory settings"):
         Session.open(tmp_path / "t", model="builtin:tiny", memory={"regoin_tokens": 5})
+    with pytest.raises(ValueError, match="could never be injected"):
+        Session.open(tmp_path / "t", model="builtin:tiny", memory={"region_tokens": 64})
+    with pytest.raises(ValueError, match="embedder"):
+        Session.open(tmp_path / "t", model="builtin:tiny", memory={"embedder": 5})
+    with pytest.raises(ValueError, match="max_context"):
+        Session.open(tmp_path / "t", model="builtin:tiny", runtime=RT, memory={"region_tokens": 4096})
+    with pytest.raises(ValueError, match="needs a model"):
+        Session.open(tmp_path / "t", model=None, memory={"embedder": None})
+    assert not (tmp_path / "t").exists()                  # nothing created by a refused open
+
+
+def test_facts_that_do_not_fit_give_their_place_to_the_next(tmp_path):
+    long = "Inventory log {}: " + "bolts, nuts, washers; " * 6       # ~40 tokens each
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+                      memory={"embedder": None, "region_tokens": 64, "max_fact_tokens": 64}) as s:
+        ids = [s.remember(long.format(i) + " The red cup is in the inventory.") for i in range(3)]
+        short = s.remember("The red cup is fragile.")
+        s.append("user: is the red cup fragile?\nassistant:")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s.generate(1, memory_k=3)                     # 3 long facts would need ~120 positions
+        region = s._engine.streams["main"].region
+        assert short in region.fact_ids and 1 <= len(region.facts) < 3
+        assert sum(n for _, _, n in region.facts) <= 64
+        assert any("did not fit" in str(w.message) for w in caught)
+        assert set(region.fact_ids) <= set(ids) | {short}
+
+
+def test_a_failed_memory_generate_changes_no_stream(tmp_path):
+    with _open(tmp_path / "s") as s:
+        for t in FACTS:
+            s.remember(t)
+        s.append("user: where is the charger?", stream="a")
+        s.generate(1, stream="a", memory_k=2)
+        before = list(s._engine.streams["a"].region.facts)
+        s.append("", stream="empty")
+        s.append("user: who is Rex?", stream="a")
+        with pytest.raises(ValueError, match="empty"):
+            s.generate(1, stream=["a", "empty"], memory_k=1)
+        assert s._engine.streams["a"].region.facts == before
+        assert s._engine.streams["empty"].region is None
+        s.append("system: you are a robot.\n", stream="empty", system=True)   # still allowed
+
+
+def test_the_query_is_the_whole_user_turn(tmp_path):
+    with _open(tmp_path / "s") as s:
+        for t in FACTS:
+            s.remember(t)
+        s.append("user: where is the charger?\n")
+        s.append("assistant:")                            # a role marker alone is not the query
+        s.generate(2, memory_k=1)
+        st = s._engine.streams["main"]
+        assert st.last_user == "user: where is the charger?\nassistant:"
+        assert FACTS[st.region.fact_ids[0] - 1] == "The charger is in bay 2."
+        s.append("\nuser: who is Rex?\nassistant:")      # after a reply: a new turn
+        assert st.last_user == "\nuser: who is Rex?\nassistant:"
 
 
 def test_system_text_must_come_first(tmp_path):
@@ -214,6 +278,12 @@ def test_damaged_fact_is_skipped_with_a_warning(tmp_path):
             s.generate(1, memory_k=1)
         assert any(f"memory fact {fid} is damaged" in str(w.message) for w in caught)
         assert s._engine.streams["main"].region.facts == []
+        other = s.remember("The spare charger is in bay 7.")
+        s.append(" Or the spare charger?")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            s.generate(1, memory_k=1)                     # the damaged one gives its place
+        assert s._engine.streams["main"].region.fact_ids == (other,)
 
 
 def test_the_memory_query_is_capsule_state(tmp_path):

@@ -81,6 +81,12 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         if runtime:
             profile = profile.replace_runtime(**dict(runtime))
         mem_config = MemoryConfig.of(memory)
+        if memory is not None and model is None:
+            raise ValueError("memory needs a model: give model=... or leave memory=None")
+        if mem_config.region_tokens > profile.runtime.max_context:
+            raise ValueError(f"MemoryConfig.region_tokens ({mem_config.region_tokens}) exceeds "
+                             f"runtime.max_context ({profile.runtime.max_context}): no stream could hold "
+                             "its memory region; lower region_tokens or raise max_context")
         keep = profile.checkpoint.keep_epochs if keep_epochs is None else keep_epochs
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")

@@ -5,8 +5,10 @@ Mixed into Session: they use its lock, engine and Memory. See docs/MEMORY.md.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, Sequence
 
+from .errors import CapacityError
 from .llm.engine import Engine
 from .memory.facts import Fact, Memory
 from .tokenize import ReferenceTokenizer
@@ -33,6 +35,9 @@ class MemoryMethods:
         context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
         the "main" stream's text, when a window is configured.
         """
+        if context is not None and not isinstance(context, str):
+            raise ValueError(f"context must be a str (text the fact follows) or None, got "
+                             f"{type(context).__name__}")
         with self._llm_section():
             mem = self._mem()
             ctx: list[int] = []
@@ -54,21 +59,50 @@ class MemoryMethods:
             return self._mem().recall(query, k)
 
     def _inject(self, names: Sequence[str], memory_k: int) -> None:
+        """Fill each stream's region with its top memory_k facts that are intact and fit.
+
+        Every stream's facts are chosen and checked first: an error leaves every stream as it was.
+        """
         mem, engine = self._mem(), self._llm()
         limit = min(mem.config.region_tokens, engine.pool.capacity_tokens)
         if memory_k > limit:
-            raise ValueError(f"memory_k={memory_k} facts cannot fit: the memory region holds "
-                             f"{mem.config.region_tokens} tokens and the KV pool "
-                             f"{engine.pool.capacity_tokens}; use memory_k <= {limit}")
+            raise ValueError(f"memory_k={memory_k} facts cannot fit: a fact takes at least one "
+                             f"position and the memory region holds {mem.config.region_tokens} "
+                             f"(the KV pool {engine.pool.capacity_tokens}); use memory_k <= {limit}")
+        plans, blocks = [], 0
         for name in names:
+            room, need = engine.memory_room(name, mem.config.region_tokens)
+            blocks += need
             s = engine.stream(name)
-            query = s.last_user or s.text[-500:]   # saved in the stream's capsule state
-            chosen = []
-            for fact in mem.recall(query, memory_k):
-                kv = mem.kv(fact.id)
-                if kv is not None:
-                    chosen.append((fact.id, kv.kv))
+            plans.append((name, self._choose(mem, s.last_user or s.text[-500:], memory_k, room)))
+        if blocks > engine.pool.free_blocks:
+            raise CapacityError(f"KV pool is full: the memory regions of {', '.join(map(repr, names))} "
+                                f"need {blocks} more block(s), {engine.pool.free_blocks} are free; raise "
+                                "runtime.kv_pool_mb or lower MemoryConfig.region_tokens")
+        for name, chosen in plans:
             engine.fill_memory(name, chosen, mem.config.region_tokens)
+
+    @staticmethod
+    def _choose(mem: Memory, query: str, k: int, room: int) -> list[tuple[int, Any]]:
+        """The k best-ranked facts whose K/V is intact and that fit `room` positions, in rank
+        order; a damaged or too long one gives its place to the next candidate."""
+        chosen, used, too_long = [], 0, 0
+        for fact in mem.recall(query, 2 * k):
+            kv = mem.kv(fact.id)              # None (with a warning) when its record is damaged
+            if kv is None:
+                continue
+            if used + kv.n_tokens > room:
+                too_long += 1
+                continue
+            chosen.append((fact.id, kv.kv))
+            used += kv.n_tokens
+            if len(chosen) == k:
+                break
+        if too_long:
+            warnings.warn(f"{too_long} of the best-ranked memory facts did not fit the {room}-position "
+                          "memory region and were left out (raise MemoryConfig.region_tokens for a "
+                          "new stream, or inject fewer facts)", stacklevel=4)
+        return chosen
 
     def _mem(self) -> Memory:
         self._check_open()

@@ -205,7 +205,8 @@ def _deviation(tmp: Path, opts: BenchOptions, tok: Any, say: Callable[[str], Non
     for w in WINDOWS:
         with Session.open(tmp / f"deviation-w{w}", model=opts.model, device=opts.device,
                           runtime={"kv_pool_mb": 64, "max_context": MAX_CONTEXT},
-                          memory={"window": w, "embedder": None, "region_tokens": region}) as s:
+                          memory={"window": w, "embedder": None, "region_tokens": region,
+                                  "max_fact_tokens": region}) as s:
             texts = {s.remember(f, context=SYSTEM): f for f in facts}  # window w: last w system tokens
             model, errs, lerrs, agree, same = s._engine.runner.model, [], [], 0, True
             for i, q in enumerate(questions):

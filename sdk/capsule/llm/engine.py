@@ -20,6 +20,9 @@ from .sampler import SamplingParams, make_generator, sample_rows
 from .streams import Stream, check_stream_name, common_prefix
 
 
+MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)
+
+
 class Engine:
     """Append text, generate tokens; owns the streams, shares the pool and runner."""
 
@@ -57,13 +60,37 @@ class Engine:
             raise ValueError(f"stream {name!r} would span {n} positions; max_context is "
                              f"{self.runner.max_context} (raise runtime.max_context)")
         ids = tok.ids
+        generated_since = bool(s.pending)
         self.streams[name] = s
         s.table.truncate(common_prefix(s.ids, ids))  # a re-tokenized seam invalidates the K/V after it
         s.text, s.ids, s.pending = s.text + text, ids, ""
         if system:
             s.system_chars = len(s.text)
         else:
-            s.last_user = text
+            # the user's turn: everything appended since the model last spoke (its reply was
+            # pending until this append), e.g. "user: where is it?\n" then "assistant:"
+            turn = text if generated_since else s.last_user + text
+            s.last_user = turn[-MAX_QUERY_CHARS:]
+
+    def memory_room(self, name: str, region_tokens: int) -> tuple[int, int]:
+        """(positions the stream's region holds, pool blocks reserving it would take): raises
+        ValueError, with nothing changed, if the stream is empty or could not hold the region."""
+        s = self.stream(name)
+        if not s.ids:
+            raise ValueError(f"stream {name!r} is empty; append text before generating")
+        if s.region is not None:
+            return s.region.size, 0
+        gap_at, start, size = self._region_span(s, region_tokens)
+        end = start + size + len(s.ids) - gap_at
+        if end > self.runner.max_context:
+            raise ValueError(f"stream {name!r} with a {region_tokens}-token memory region "
+                             f"would span {end} positions; max_context is "
+                             f"{self.runner.max_context} (lower MemoryConfig.region_tokens or "
+                             "raise runtime.max_context)")
+        # reserving truncates the table to the prefix, then allocates up to the region's end
+        kept = -(-min(s.table.num_cached, gap_at) // self.pool.block_size)
+        need = (start + size) // self.pool.block_size - kept
+        return size, need - (len(s.table.blocks) - kept)
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
                     region_tokens: int) -> bool:
@@ -78,19 +105,19 @@ class Engine:
         if s.region is not None and s.region.fact_ids == tuple(f for f, _ in facts):
             return False
         if s.region is None:
-            gap_at = 0
-            if s.system_chars:
-                system_ids = self.tokenizer.encode(s.text[:s.system_chars])
-                gap_at = common_prefix(system_ids, s.ids)
-            start, size = span(gap_at, region_tokens, self.pool.block_size)
-            end = start + size + len(s.ids) - gap_at
-            if end > self.runner.max_context:
-                raise ValueError(f"stream {name!r} with a {region_tokens}-token memory region "
-                                 f"would span {end} positions; max_context is "
-                                 f"{self.runner.max_context}")
+            self.memory_room(name, region_tokens)            # the checks, before any change
+            gap_at = self._region_span(s, region_tokens)[0]
             s.region = reserve(s.table, gap_at, region_tokens)
         fill(s.table, s.region, self.runner.model, facts)
         return True
+
+    def _region_span(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
+        """(gap_at, start, size) of a region reserved now: after the system prefix's ids."""
+        gap_at = 0
+        if s.system_chars:
+            system_ids = self.tokenizer.encode(s.text[:s.system_chars])
+            gap_at = common_prefix(system_ids, s.ids)
+        return (gap_at, *span(gap_at, region_tokens, self.pool.block_size))
 
     def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
         """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""

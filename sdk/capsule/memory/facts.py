@@ -13,7 +13,7 @@ import json
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,13 @@ class MemoryConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"MemoryConfig.{name} must be an int >= {lo}, got {v!r}")
+        if self.max_fact_tokens > self.region_tokens:
+            raise ValueError(f"MemoryConfig.max_fact_tokens ({self.max_fact_tokens}) exceeds region_tokens "
+                             f"({self.region_tokens}): a fact that long could never be injected; lower "
+                             "max_fact_tokens or raise region_tokens")
+        if self.embedder is not None and not isinstance(self.embedder, str):
+            raise ValueError(f"MemoryConfig.embedder must be 'auto', 'minilm', a folder path or None, "
+                             f"got {self.embedder!r}")
 
     @classmethod
     def of(cls, value: "MemoryConfig | Mapping[str, Any] | None") -> "MemoryConfig":
@@ -89,6 +96,9 @@ class Memory:
     def remember(self, text: str, tags: Sequence[str] | None = None,
                  context_ids: Sequence[int] = ()) -> int:
         """Encode a fact once (pre-RoPE K/V) and store it durably; returns its id."""
+        if tags is not None and (isinstance(tags, (str, bytes, Mapping)) or not isinstance(tags, Iterable)):
+            raise ValueError(f"tags must be a list of str, e.g. ['kitchen'], got {type(tags).__name__} "
+                             f"{tags!r:.60}")
         ids = self._fact_ids(text)
         ctx = list(context_ids)[-self.config.window:] if self.config.window else []
         kv = encode_fact(self.model, ids, ctx)
@@ -169,6 +179,11 @@ class Memory:
     def _fact_ids(self, text: str) -> list[int]:
         if not isinstance(text, str) or not text.strip():
             raise ValueError("a fact must be a non-empty str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"a fact must be valid Unicode text: it holds {exc.object[exc.start:exc.end]!r} "
+                             f"at index {exc.start} (an unpaired surrogate)") from None
         ids = self.tokenizer.encode(text)
         if len(ids) > self.config.max_fact_tokens:
             raise ValueError(f"the fact is {len(ids)} tokens; the limit is "
