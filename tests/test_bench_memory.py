@@ -78,8 +78,27 @@ def test_memory_reencode_cli(tmp_path, capsys):
         assert len(s._engine.streams["main"].region.facts) == 2
 
 
+def test_memory_reencode_repairs_a_damaged_fact(tmp_path, capsys):
+    store = tmp_path / "s"
+    with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
+        ids = [s.remember(t) for t in FACTS]
+    seg = sorted((store / "segments").glob("*.seg"))[-1]
+    data = bytearray(seg.read_bytes())
+    data[-40] ^= 0xFF                                  # inside the last fact's K/V payload
+    seg.write_bytes(bytes(data))
+    argv = ["memory", "reencode", str(store), "--model", "builtin:tiny", "--device", "cpu"]
+    assert main(argv) == 0
+    assert "re-encoded 1 of 3 fact(s)" in capsys.readouterr().out
+    with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
+        assert all(s._memory.kv(f) is not None for f in ids)
+    # the model is never guessed: a store's facts are for the model you name
+    assert main(["memory", "reencode", str(store)]) == 2     # a usage error
+    assert "--model" in capsys.readouterr().err
+
+
 def test_memory_reencode_missing_store_is_a_one_line_error(tmp_path, capsys):
-    assert main(["memory", "reencode", str(tmp_path / "missing"), "--device", "cpu"]) == 1
+    assert main(["memory", "reencode", str(tmp_path / "missing"), "--model", "builtin:tiny",
+                 "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a capsule store" in err and err.count("\n") == 1
     assert not (tmp_path / "missing").exists()

@@ -69,23 +69,31 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_memory_reencode(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tqdm import tqdm
+
     from .session import Session
 
     store = Path(args.store)
     try:
         if not (store / "index.sqlite").exists() and not (store / "segments").exists():
             raise ValueError(f"{args.store!r} is not a capsule store folder")
+        runtime = {"dtype": args.dtype} if args.dtype else None
         # restore=False: only the facts are touched, not the streams (they may be another model's)
-        with Session.open(store, model=args.model, device=args.device, restore=False,
+        with Session.open(store, model=args.model, device=args.device, runtime=runtime, restore=False,
                           memory={"embedder": None}) as s:
-            n, total = s._memory.reencode(), s._memory.count()
+            total = s._memory.count()
+            with tqdm(total=total, desc="re-encode", unit="fact", leave=False,
+                      disable=None if total > 200 else True) as bar:
+                n, failed = s._memory.reencode(progress=lambda i: bar.update(i - bar.n))
     except (CapsuleError, ValueError, OSError) as exc:
         if args.debug:
             raise
         print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 1   # as the other subcommands (2 is for usage errors)
-    print(f"re-encoded {n} of {total} fact(s) for {args.model}")
-    return 0
+    print(f"re-encoded {n} of {total} fact(s) for {args.model} (stored under another model or damaged)")
+    for fid, why in failed:
+        print(f"fact {fid}: not re-encoded: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,10 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     memory = sub.add_parser("memory", parents=[common], help="manage a store's persistent memory facts")
     memory_sub = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
     reencode = memory_sub.add_parser("reencode", parents=[common],
-                                     help="re-encode facts stored under another model (or rope) for this one")
+                                     help="re-encode facts stored under another model (or rope), or whose "
+                                          "K/V record is damaged, for this model")
     reencode.add_argument("store", help="store folder")
-    reencode.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")
+    reencode.add_argument("--model", required=True,
+                          help="the model the facts are for: builtin:<preset> or a checkpoint folder")
     reencode.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
+    reencode.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                          help="the sessions' runtime dtype (default: the device profile's); K/V is "
+                               "encoded in it")
     reencode.set_defaults(func=_cmd_memory_reencode)
 
     for verb, what, func in (("inspect", "list a store's epochs, sizes, fingerprints and streams", _cmd_inspect),

@@ -119,14 +119,30 @@ class Memory:
         if self._index is not None:
             self._index.remove([fact_id])
 
-    def reencode(self) -> int:
-        """Re-encode every fact stored under another model or rope; returns how many."""
-        n = 0
-        for info in self.store.facts():
-            if (info.fingerprint, info.rope) != (self.fingerprint, self.rope):
-                self._reencode(info)
-                n += 1
-        return n
+    def reencode(self, progress: Any = None) -> tuple[int, list[tuple[int, str]]]:
+        """Re-encode every fact stored under another model or rope, or whose K/V record is
+        damaged (from its text). Returns (how many, [(fact id, why it could not be)]); one
+        failure does not stop the others. progress: called with the number of facts checked."""
+        done, failed = 0, []
+        for i, info in enumerate(self.store.facts(), 1):
+            try:
+                if (info.fingerprint, info.rope) != (self.fingerprint, self.rope) or not self._intact(info):
+                    self._reencode(info)
+                    done += 1
+            except UnknownFact:
+                pass                                    # forgotten meanwhile
+            except (CapsuleCorrupt, StoreError, ValueError) as exc:
+                failed.append((info.id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            if progress is not None:
+                progress(i)
+        return done, failed
+
+    def _intact(self, info: Any) -> bool:
+        try:
+            kv = FactKV.from_bytes(self.store.fact_kv(info.id), expect=self._expect)
+        except (CapsuleCorrupt, ValueError):
+            return False
+        return kv.n_tokens == info.n_tokens
 
     # -- read ---------------------------------------------------------------------------------
     def recall(self, query: str, k: int = 8) -> list[Fact]:
@@ -167,7 +183,8 @@ class Memory:
         except UnknownFact:
             return None
         except (CapsuleCorrupt, ValueError) as exc:
-            warnings.warn(f"memory fact {fact_id} is damaged and was skipped: {exc}", stacklevel=3)
+            warnings.warn(f"memory fact {fact_id} is damaged and was skipped: {exc} (`capsule memory "
+                          "reencode STORE --model M` re-encodes it from its text)", stacklevel=3)
             return None
         self._cache(fact_id, kv)
         return kv
@@ -191,7 +208,12 @@ class Memory:
         return ids
 
     def _reencode(self, info: Any) -> FactKV:
-        kv = encode_fact(self.model, self._fact_ids(info.text))   # the context is not stored
+        # the fact was accepted when remembered: a lower max_fact_tokens now does not refuse it
+        # (one too long for a region is left out at injection, with a warning)
+        ids = self.tokenizer.encode(info.text) if isinstance(info.text, str) else []
+        if not ids:
+            raise ValueError(f"fact {info.id} has no text to encode")
+        kv = encode_fact(self.model, ids)   # the context window is not stored
         self.store.set_fact_kv(info.id, n_tokens=kv.n_tokens, fingerprint=self.fingerprint,
                                rope=self.rope, kv=kv.to_bytes())
         self._cache(info.id, kv)
