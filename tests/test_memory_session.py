@@ -171,6 +171,30 @@ def test_capsule_restore_brings_back_the_injected_set(tmp_path):
         assert s.generate(6) == nxt
 
 
+def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
+    with _open(tmp_path / "s") as s:
+        ids = [s.remember(t) for t in FACTS]
+        _conversation(s)
+        s.generate(2, memory_k=3)
+        st = s._engine.streams["main"]
+        injected = st.region.fact_ids
+        s.checkpoint()
+        gone = injected[0]
+        s.forget(gone)                                  # at once: the other facts stay, packed
+        assert st.region.fact_ids == injected[1:]
+        assert st.region.facts[0][1] == st.region.start
+        s.rollback(1)                                   # the capsule still holds it: dropped again
+        assert s._engine.streams["main"].region.fact_ids == injected[1:]
+        s.clear_memory()
+        assert s._engine.streams["main"].region.facts == []
+        with pytest.raises(KeyError):
+            s.clear_memory("nope")
+    with _open(tmp_path / "s") as s:                   # a restore at open drops it too
+        assert s._engine.streams["main"].region.fact_ids == injected[1:]
+        assert gone not in {f.id for f in s.recall("charger bay red cup tea", 5)}
+        assert set(ids) - {gone} >= set(injected[1:])
+
+
 def test_bad_memory_input(tmp_path):
     with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
                       memory={"embedder": None, "max_fact_tokens": 8, "region_tokens": 32}) as s:

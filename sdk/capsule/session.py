@@ -137,6 +137,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
             return None
         self.restored_epoch = restored.epoch
         self.restore_report = restored.skipped
+        self._drop_forgotten()     # facts forgotten since that capsule are not attended again
         return restored.epoch
 
     # -- text -------------------------------------------------------------------------------

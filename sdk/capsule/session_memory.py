@@ -49,9 +49,19 @@ class MemoryMethods:
             return mem.remember(text, tags, ctx)
 
     def forget(self, fact_id: int) -> None:
-        """Delete a fact (durable when it returns); streams drop it at their next memory_k."""
+        """Delete a fact (durable when it returns) and drop it from every stream's memory region
+        at once (the other facts stay). Capsules taken before still hold its K/V bytes until
+        retention drops them; restoring one drops the fact again (see _drop_forgotten)."""
         with self._llm_section():
             self._mem().forget(fact_id)
+            self._drop_forgotten()
+
+    def clear_memory(self, stream: str = "main") -> None:
+        """Empty a stream's memory region: no fact is attended until its next memory_k."""
+        with self._llm_section():
+            engine = self._llm()
+            if engine.stream(stream).region is not None:
+                engine.fill_memory(stream, [], self._mem().config.region_tokens)
 
     def recall(self, query: str, k: int = 8) -> list[Fact]:
         """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
@@ -81,6 +91,22 @@ class MemoryMethods:
                                 "runtime.kv_pool_mb or lower MemoryConfig.region_tokens")
         for name, chosen in plans:
             engine.fill_memory(name, chosen, mem.config.region_tokens)
+
+    def _drop_forgotten(self) -> None:
+        """Refill, without them, every region holding facts that are no longer stored (forgotten,
+        e.g. after a restore of an older capsule) or whose K/V is now damaged."""
+        if self._memory is None:    # a Memory exists only with a model (and so an engine)
+            return
+        mem, engine = self._memory, self._llm()
+        for name, s in engine.streams.items():
+            if s.region is None or not s.region.facts:
+                continue
+            ids = s.region.fact_ids
+            known = {info.id for info in mem.store.facts(ids)}
+            if known == set(ids):
+                continue
+            kept = [(f, kv.kv) for f in ids if f in known and (kv := mem.kv(f)) is not None]
+            engine.fill_memory(name, kept, mem.config.region_tokens)
 
     @staticmethod
     def _choose(mem: Memory, query: str, k: int, room: int) -> list[tuple[int, Any]]:
