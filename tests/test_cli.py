@@ -167,6 +167,53 @@ def test_verify_reports_damage_with_a_nonzero_exit(tmp_path, capsys):
     assert "DAMAGED" in out and "problem:" in out
 
 
+def test_verify_lists_damaged_memory_facts(tmp_path, capsys):
+    import sqlite3
+
+    from capsule import Session
+
+    store = tmp_path / "s"
+    with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None},
+                      runtime={"kv_pool_mb": 8, "max_context": 512}) as s:
+        ids = [s.remember(t) for t in ("The red cup is fragile.", "The charger is in bay 2.",
+                                       "Alice likes green tea.", "Bay 3 holds the spare batteries.",
+                                       "The robot's name is Rex.")]
+    assert main(["verify", str(store)]) == 0
+    assert "OK" in capsys.readouterr().out
+    con = sqlite3.connect(store / "index.sqlite")
+    for change in ("tags = '{not json'", "n_tokens = n_tokens + 1", "text = 'Alice likes black coffee.'",
+                   "n_tokens = 'many'"):
+        con.execute(f"UPDATE facts SET {change} WHERE id = ?", (ids.pop(0),))
+    con.commit()
+    con.close()
+    assert main(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED" in out and "damaged memory facts (never injected): 1, 2, 3, 4;" in out, out
+    assert "problem: fact 1: index row: tags: not a JSON list of strings: '{not json'" in out
+    assert re.search(r"problem: fact 2: KV header holds T=(\d+) tokens; its row says n_tokens=(\d+)", out)
+    assert "problem: fact 3: text: text differs from the text its KV record was encoded from" in out
+    assert "problem: fact 4: index row: n_tokens: " in out and "fact 5" not in out
+
+
+def test_verify_reads_the_factkv_header_as_memory_writes_it():
+    import torch
+
+    from capsule import inspect as cli_inspect
+    from capsule.memory import encode
+
+    assert cli_inspect._FACTKV_HEADER.format == encode._HEADER.format
+    assert (cli_inspect._FACTKV_MAGIC, cli_inspect._FACTKV_VERSION) == (encode._MAGIC, encode._VERSION)
+    assert cli_inspect._FACTKV_ITEM_BYTES == {code: torch.empty(0, dtype=dt).element_size()
+                                              for code, (dt, _, _) in encode._DTYPES.items()}
+    kv = encode.FactKV(torch.ones(2, 3, 1, 4, dtype=torch.float16), torch.zeros(2, 3, 1, 4, dtype=torch.float16))
+    data = kv.to_bytes()
+    assert cli_inspect._factkv_problem(data, 3) == ""
+    assert "T=3 tokens; its row says n_tokens=4" in cli_inspect._factkv_problem(data, 4)
+    assert "implies" in cli_inspect._factkv_problem(data[:-1], 3)
+    assert "not a FactKV" in cli_inspect._factkv_problem(b"x" * 40, 3)
+    assert "shorter than a FactKV header" in cli_inspect._factkv_problem(b"x", 3)
+
+
 @pytest.mark.parametrize("verb", ["inspect", "verify"])
 def test_inspect_and_verify_need_an_existing_store(verb, tmp_path, capsys):
     assert main([verb, str(tmp_path / "missing")]) == 1

@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import time
+import warnings
 from pathlib import Path
 
-from .errors import StoreError
+from .errors import CapsuleCorrupt, StoreError
 from .store import Store
+from .store.errors import DamagedFactWarning
+
+# A memory fact's KV bytes start with memory/encode.py's FactKV header (kept in step there; only
+# the header is parsed here): magic, version, dtype code, L, T, KV, hd, crc32
+_FACTKV_HEADER = struct.Struct("<8sHHIIIII")
+_FACTKV_MAGIC, _FACTKV_VERSION = b"CPFACTKV", 1
+_FACTKV_ITEM_BYTES = {1: 4, 2: 2, 3: 2}     # dtype code -> bytes per element (float32, float16, bfloat16)
 
 
 def _open_existing(path: str | os.PathLike) -> Store:
@@ -57,14 +66,57 @@ def inspect_store(path: str | os.PathLike) -> str:
 
 
 def verify_store(path: str | os.PathLike) -> tuple[bool, str]:
-    """Read and check every record; (ok, report)."""
+    """Read and check every record, and every memory fact (its row, its text binding, its FactKV
+    header against the row); (ok, report)."""
     with _open_existing(path) as store:
         report = store.verify()
-    lines = [f"verify {path}: {'OK' if report.ok else 'DAMAGED'} — {report.records} records, "
+        damaged = _fact_damage(store, set(report.facts_bad))
+    ok = report.ok and not damaged
+    facts_bad = sorted(set(report.facts_bad) | {fid for fid, _ in damaged})
+    lines = [f"verify {path}: {'OK' if ok else 'DAMAGED'} — {report.records} records, "
              f"{report.bytes} bytes; epochs ok: {len(report.epochs_ok)}, bad: {len(report.epochs_bad)}"]
     if report.epochs_bad:
         lines.append(f"  bad epochs: {', '.join(map(str, report.epochs_bad))}")
-    if report.facts_bad:
-        lines.append(f"  damaged memory facts (never injected): {', '.join(map(str, report.facts_bad))}")
+    if facts_bad:
+        lines.append(f"  damaged memory facts (never injected): {', '.join(map(str, facts_bad))}; "
+                     f"forget them (Session.forget) and remember them again")
     lines += [f"  problem: {p}" for p in report.problems]
-    return report.ok, "\n".join(lines)
+    lines += [f"  problem: fact {fid}: {why}" for fid, why in damaged]
+    return ok, "\n".join(lines)
+
+
+def _fact_damage(store: Store, record_bad: set[int]) -> list[tuple[int, str]]:
+    """(id, why) for every fact whose row is damaged, whose text is not the one its KV was encoded
+    from, or whose KV is not a FactKV agreeing with its row. Facts in record_bad (their record is
+    damaged: already reported) are not read again."""
+    out = [(fid, f"index row: {why}") for fid, why in store.damaged_facts()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedFactWarning)   # listed above
+        infos = store.facts()
+    for info in infos:
+        if info.id in record_bad:
+            continue
+        try:
+            why = _factkv_problem(store.fact_kv(info.id), info.n_tokens)
+        except CapsuleCorrupt as exc:
+            why = getattr(exc, "reason", str(exc))
+        if why:
+            out.append((info.id, why))
+    return sorted(out)
+
+
+def _factkv_problem(data: bytes, n_tokens: int) -> str:
+    """'' when data starts with a FactKV header agreeing with its length and the row's n_tokens."""
+    if len(data) < _FACTKV_HEADER.size:
+        return f"KV is {len(data)} bytes, shorter than a FactKV header ({_FACTKV_HEADER.size})"
+    magic, version, code, layers, tokens, heads, head_dim, _ = _FACTKV_HEADER.unpack_from(data)
+    if magic != _FACTKV_MAGIC or version != _FACTKV_VERSION or code not in _FACTKV_ITEM_BYTES:
+        return (f"KV is not a FactKV (magic {magic!r}, version {version}, dtype code {code}; expected "
+                f"{_FACTKV_MAGIC!r}, version {_FACTKV_VERSION})")
+    want = _FACTKV_HEADER.size + 2 * layers * tokens * heads * head_dim * _FACTKV_ITEM_BYTES[code]
+    if len(data) != want:
+        return f"KV is {len(data)} bytes; its FactKV header (L={layers}, T={tokens}, KV={heads}, hd={head_dim}) " \
+               f"implies {want}"
+    if tokens != n_tokens:
+        return f"KV header holds T={tokens} tokens; its row says n_tokens={n_tokens}"
+    return ""

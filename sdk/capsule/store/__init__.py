@@ -4,12 +4,13 @@ It knows nothing of models: an epoch is an opaque manifest plus a map (region, i
 bytes, written as a delta over the previous epoch; a fact is text, tags and an opaque KV blob.
 Format and protocol: docs/FORMAT.md.
 """
-from .errors import (CapsuleCorrupt, FactCorrupt, IndexCorrupt, PageCorrupt, SigningKeyError, StoreError,
-                     StoreIOError, StoreLocked, UnknownEpoch, UnknownFact)
+from .errors import (CapsuleCorrupt, DamagedFactWarning, FactCorrupt, FactRowCorrupt, IndexCorrupt,
+                     PageCorrupt, SigningKeyError, StoreError, StoreIOError, StoreLocked, UnknownEpoch,
+                     UnknownFact)
 from .info import EpochInfo, FactInfo, VerifyReport
 from .segments import FileOps
 from .store import Store
 
 __all__ = ["Store", "EpochInfo", "FactInfo", "VerifyReport", "FileOps", "StoreError", "CapsuleCorrupt",
            "StoreLocked", "SigningKeyError", "StoreIOError", "UnknownEpoch", "UnknownFact", "IndexCorrupt",
-           "PageCorrupt", "FactCorrupt"]
+           "PageCorrupt", "FactCorrupt", "FactRowCorrupt", "DamagedFactWarning"]

@@ -80,10 +80,29 @@ class FactCorrupt(PageCorrupt):
         return (FactCorrupt, (self.index, self.version, self.segment, self.offset, self.reason))
 
 
+class FactRowCorrupt(CapsuleCorrupt):
+    """A fact's index row is damaged: a field fails the checks add_fact makes, or its text is not
+    the text its KV record was encoded from. `fact_id` and `reason` say which and why."""
+
+    def __init__(self, fact_id: int, reason: str):
+        self.fact_id, self.reason = fact_id, reason
+        super().__init__(f"fact {fact_id}: its index row is damaged: {reason}. Other facts and every epoch "
+                         f"are unaffected; forget it (Store.forget_fact) and add it again; `capsule verify` "
+                         f"lists all damage")
+
+    def __reduce__(self):
+        return (FactRowCorrupt, (self.fact_id, self.reason))
+
+
+class DamagedFactWarning(UserWarning):
+    """A damaged fact was left out of a listing (Store.facts, fact_embeddings, search without FTS5)."""
+
+
 def _rebuild_page_corrupt(*args) -> PageCorrupt:
     *head, loading = args
     return PageCorrupt(*head, loading=loading)
 
 
 __all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError",
-           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "PageCorrupt", "FactCorrupt"]
+           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "PageCorrupt", "FactCorrupt", "FactRowCorrupt",
+           "DamagedFactWarning"]

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import StoreError
-from .errors import IndexCorrupt
+from .factrows import ROW_COLUMNS, FactRow, from_sql, info, lenient_tags, sound
 from .info import FactInfo, PageRef
 from .records import FACT_REGION, FACTS_FORMAT_VERSION, KIND_FACT
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 MAX_QUERY_TERMS = 64
 _WORD = re.compile(r"[^\W_]+")  # runs of letters / digits: what FTS5's unicode61 keeps as tokens
 _IDS_PER_QUERY = 500            # stay far below SQLite's limit on bound parameters
-_COLS = "id, text, tags, n_tokens, fingerprint, rope, created, embedder"
 _SCHEMA = (
     'CREATE TABLE IF NOT EXISTS "facts" ("id" INTEGER PRIMARY KEY AUTOINCREMENT, "text" TEXT NOT NULL, '
     '"tags" TEXT NOT NULL, "n_tokens" INTEGER NOT NULL, "fingerprint" TEXT NOT NULL, "rope" TEXT NOT NULL, '
@@ -77,9 +76,10 @@ def create_schema(c: sqlite3.Connection) -> None:
         c.execute(sql)
     if fts5_available() and not _has_table(c, "facts_fts"):
         c.execute(_FTS)
-        rows = c.execute("SELECT id, text, tags FROM facts").fetchall()
-        c.executemany("INSERT INTO facts_fts(rowid, text, tags) VALUES (?, ?, ?)",
-                      [(i, text, " ".join(_tags(tags))) for i, text, tags in rows])
+        rows = [from_sql(r) for r in c.execute(f"SELECT {ROW_COLUMNS} FROM facts").fetchall()]
+        c.executemany("INSERT INTO facts_fts(rowid, text, tags) VALUES (?, ?, ?)",   # damaged: skipped on read
+                      [(r.id, r.text if isinstance(r.text, str) else "", " ".join(lenient_tags(r.tags)))
+                       for r in rows])
 
 
 # -- writes (inside a transaction) ------------------------------------------------------------------
@@ -120,36 +120,55 @@ def next_id(index: Index) -> int:
     return int(rows[0][0]) + 1
 
 
-def kv_ref(index: Index, fact_id: int) -> PageRef | None:
-    rows = index.query("SELECT kv_version, kv_segment, kv_offset, kv_length FROM facts WHERE id = ?", (fact_id,))
-    return _ref(fact_id, *rows[0]) if rows else None
+def exists(index: Index, fact_id: int) -> bool:
+    return bool(index.query("SELECT 1 FROM facts WHERE id = ?", (fact_id,)))
+
+
+def row(index: Index, fact_id: int) -> FactRow | None:
+    """The fact's row, unchecked (factrows.damage says whether it is sound)."""
+    rows = index.query(f"SELECT {ROW_COLUMNS} FROM facts WHERE id = ?", (fact_id,))
+    return from_sql(rows[0]) if rows else None
+
+
+def rows(index: Index) -> list[FactRow]:
+    """Every row, unchecked, ordered by id (verify)."""
+    return [from_sql(r) for r in index.query(f"SELECT {ROW_COLUMNS} FROM facts ORDER BY id")]
 
 
 def kv_refs(index: Index) -> list[PageRef]:
-    rows = index.query("SELECT id, kv_version, kv_segment, kv_offset, kv_length FROM facts ORDER BY id")
-    return [_ref(*row) for row in rows]
+    return [_ref(*r) for r in index.query(
+        "SELECT id, kv_version, kv_segment, kv_offset, kv_length FROM facts ORDER BY id")]
 
 
-def _ref(fact_id: int, version: int, segment: int, offset: int, length: int) -> PageRef:
-    return PageRef(FACT_REGION, fact_id, version, segment, offset, length, KIND_FACT)
+def ref_of(fact: FactRow) -> PageRef:
+    return _ref(fact.id, fact.kv_version, fact.kv_segment, fact.kv_offset, fact.kv_length)
+
+
+def _ref(fact_id: int, version: object, segment: object, offset: object, length: object) -> PageRef:
+    """A location field that is not an int (damaged row) becomes None: check_ref then rejects the
+    ref as "no location" (a RecordError), never a TypeError."""
+    def num(v: object) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return PageRef(FACT_REGION, fact_id, num(version) or 0, num(segment), num(offset), num(length), KIND_FACT)
 
 
 def infos(index: Index, ids: list[int] | None) -> list[FactInfo]:
+    """Sound facts of ids (all: None), ordered by id; a damaged row is left out with a warning."""
     if ids is None:
-        rows = index.query(f"SELECT {_COLS} FROM facts ORDER BY id")
+        found = index.query(f"SELECT {ROW_COLUMNS} FROM facts ORDER BY id")
     else:
-        wanted, rows = sorted(set(ids)), []
+        wanted, found = sorted(set(ids)), []
         for i in range(0, len(wanted), _IDS_PER_QUERY):
             chunk = wanted[i:i + _IDS_PER_QUERY]
-            rows += index.query(f"SELECT {_COLS} FROM facts WHERE id IN ({','.join('?' * len(chunk))}) "
-                                "ORDER BY id", chunk)
-    return [FactInfo(i, text, _tags(tags), n, fp, rope, created, emb)
-            for i, text, tags, n, fp, rope, created, emb in rows]
+            found += index.query(f"SELECT {ROW_COLUMNS} FROM facts WHERE id IN ({','.join('?' * len(chunk))}) "
+                                 "ORDER BY id", chunk)
+    return [info(r) for r in sound(found)]
 
 
 def embeddings(index: Index) -> list[tuple[int, str, bytes]]:
-    return [(i, e, bytes(b)) for i, e, b in index.query(
-        "SELECT id, embedder, embedding FROM facts WHERE embedding IS NOT NULL ORDER BY id")]
+    found = index.query(f"SELECT {ROW_COLUMNS}, embedding FROM facts WHERE embedding IS NOT NULL ORDER BY id")
+    blobs = {r[0]: r[-1] for r in found}
+    return [(r.id, r.embedder, bytes(blobs[r.id])) for r in sound(found)]
 
 
 def count(index: Index) -> int:
@@ -184,11 +203,11 @@ def _scan(index: Index, terms: list[str], k: int) -> list[tuple[int, float]]:
     """Without FTS5: score = sum over query terms found of 1 + ln(occurrences) in text + tags
     (whole words, case-folded, no stemming); a full scan, fine for thousands of facts."""
     scored = []
-    for i, text, tags in index.query("SELECT id, text, tags FROM facts"):
-        words = Counter(w.casefold() for w in _WORD.findall(text + " " + " ".join(_tags(tags))))
+    for r in sound(index.query(f"SELECT {ROW_COLUMNS} FROM facts")):
+        words = Counter(w.casefold() for w in _WORD.findall(r.text + " " + " ".join(info(r).tags)))
         score = sum(1.0 + math.log(words[t]) for t in terms if words[t])
         if score:
-            scored.append((int(i), score))
+            scored.append((r.id, score))
     scored.sort(key=lambda item: (-item[1], item[0]))
     return scored[:k]
 
@@ -208,13 +227,3 @@ def fts_problems(index: Index) -> list[str]:
     except StoreError as exc:  # IndexCorrupt / StoreIOError: reported, not raised
         problems.append(f"index: facts_fts integrity check failed: {exc}")
     return problems
-
-
-def _tags(raw: str) -> tuple[str, ...]:
-    try:
-        tags = json.loads(raw)
-    except ValueError:
-        tags = None
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise IndexCorrupt(f"a facts row holds tags that are not a JSON list of strings: {str(raw)[:80]!r}")
-    return tuple(tags)

@@ -5,7 +5,10 @@ Committer.commit_record: staged epochs commit first, then append the KIND_FACT r
 -> ONE index transaction. forget_fact and set_fact_embedding touch only the index (one
 transaction each). Writers hold the writer lock; readers only the state lock. A fact record is
 bound to its fact id and KV version (record index / epoch fields), so no other record can stand
-in for it. Format and invariants: docs/FORMAT.md, "Facts".
+in for it, and to the fact's text (a sha256 before the KV bytes), so an edited text is detected.
+Rows read back are checked (factrows.py): a damaged one is left out of listings with a
+DamagedFactWarning and raises FactRowCorrupt where it is asked for by id.
+Format and invariants: docs/FORMAT.md, "Facts".
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from pathlib import Path
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import factdb
-from .errors import FactCorrupt, UnknownFact
+from . import factdb, factrows
+from .errors import FactCorrupt, FactRowCorrupt, UnknownFact
+from .factrows import check_embedding, check_kv_meta, check_tags, check_text
 from .info import FactInfo
 from .inputs import as_bytes_view
 from .reader import check_record, check_ref
@@ -27,11 +31,6 @@ from .segments import SegmentReader
 if TYPE_CHECKING:
     from .commit import Committer
     from .index import Index
-
-MAX_TEXT_BYTES = 64 << 10
-MAX_TAGS, MAX_TAG_BYTES = 64, 256
-MAX_LABEL_BYTES = 1024          # fingerprint, rope, embedder
-MAX_EMBEDDING_BYTES = 1 << 20
 
 
 class FactsMixin:
@@ -54,11 +53,11 @@ class FactsMixin:
         """Store a fact (its text, tags, and the KV computed for it under model `fingerprint` with
         position encoding `rope`); returns its new id (ids only grow, never reused). Durable when
         it returns. Staged epochs, if any, are committed first."""
-        _check_text(text)
-        tag_list = _check_tags(tags)
-        _check_kv_meta(n_tokens, fingerprint, rope)
-        data = as_bytes_view(kv, "kv")
-        emb = _check_embedding(embedding, embedder)
+        check_text(text)
+        tag_list = check_tags(tags)
+        check_kv_meta(n_tokens, fingerprint, rope)
+        data = factrows.bind(text, as_bytes_view(kv, "kv"))
+        emb = check_embedding(embedding, embedder)
         with self._wlock:
             self._check_open()
             with self._lock:
@@ -72,26 +71,34 @@ class FactsMixin:
 
     def set_fact_kv(self, fact_id: int, *, n_tokens: int, fingerprint: str, rope: str, kv: Any) -> None:
         """Replace a fact's KV (re-encoded under another model); the old record becomes dead
-        bytes for compaction. Durable when it returns."""
+        bytes for compaction. Durable when it returns. It also repairs a row damaged only in the
+        fields it rewrites (n_tokens, fingerprint, rope, KV location); other row damage, or a text
+        edited since the old KV was bound to it, raises FactRowCorrupt (forget the fact)."""
         fid = self._known_id(fact_id)
-        _check_kv_meta(n_tokens, fingerprint, rope)
-        data = as_bytes_view(kv, "kv")
+        check_kv_meta(n_tokens, fingerprint, rope)
+        view = as_bytes_view(kv, "kv")
         with self._wlock:
             self._check_open()
             with self._lock:
-                old = factdb.kv_ref(self._index, fid)
-            if old is None:
-                raise self._unknown(fid)
-            if old.rec_epoch >= MAX_EPOCH:
-                raise ValueError(f"fact {fid} was re-encoded {old.rec_epoch} times; add it as a new fact")
+                row = factdb.row(self._index, fid)
+                if row is None:
+                    raise self._unknown(fid)
+                why = factrows.damage(row, factrows.REWRITTEN_BY_SET_KV)
+                if why is None:
+                    why = self._text_edited(row)
+            if why:
+                raise FactRowCorrupt(fid, why)
+            if row.kv_version >= MAX_EPOCH:
+                raise ValueError(f"fact {fid} was re-encoded {row.kv_version} times; add it as a new fact")
+            data = factrows.bind(row.text, view)
             self._commit.commit_record(
-                KIND_FACT, old.rec_epoch + 1, FACT_REGION, fid, data, f"re-encoding fact {fid}",
+                KIND_FACT, row.kv_version + 1, FACT_REGION, fid, data, f"re-encoding fact {fid}",
                 lambda c, ref: factdb.set_kv(c, fid, n_tokens, fingerprint, rope, ref))
 
     def set_fact_embedding(self, fact_id: int, embedding: bytes | None, embedder: str | None) -> None:
         """Set (or, with None, None: clear) a fact's retrieval embedding, an opaque blob."""
         fid = self._known_id(fact_id)
-        emb = _check_embedding(embedding, embedder)
+        emb = check_embedding(embedding, embedder)
         self._index_only(fid, f"setting the embedding of fact {fid}",
                          lambda c: factdb.set_embedding(c, fid, emb, embedder))
 
@@ -103,34 +110,44 @@ class FactsMixin:
     def _index_only(self, fid: int, what: str, apply: Any) -> None:
         with self._wlock, self._lock:
             self._check_open()
-            if factdb.kv_ref(self._index, fid) is None:
+            if not factdb.exists(self._index, fid):
                 raise self._unknown(fid)
             self._index.write(what, apply)
 
     # -- read ---------------------------------------------------------------------------------
     def facts(self, ids: Iterable[int] | None = None) -> list[FactInfo]:
-        """Every fact, or those of `ids` that exist (unknown ids are left out), ordered by id."""
+        """Every fact, or those of `ids` that exist (unknown ids are left out), ordered by id. A
+        fact whose row is damaged is left out too, with a DamagedFactWarning naming it."""
         wanted = None if ids is None else [i for i in map(_fact_id, ids) if i is not None]
         with self._lock:
             self._check_open()
             return factdb.infos(self._index, wanted)
 
     def fact_kv(self, fact_id: int) -> bytes:
-        """A fact's KV bytes, after verifying its record (tag, and kind / fact id / KV version /
-        length equal the index row). Damage raises FactCorrupt (a PageCorrupt, region "fact")."""
+        """A fact's KV bytes, after checking its row and verifying its record (tag; kind / fact id /
+        KV version / length equal the row; bound to the row's text). A damaged row or an edited
+        text raises FactRowCorrupt; a damaged record FactCorrupt (a PageCorrupt, region "fact")."""
         fid = self._known_id(fact_id)
         with self._lock:
             self._check_open()
-            ref = factdb.kv_ref(self._index, fid)
-            if ref is None:
+            row = factdb.row(self._index, fid)
+            if row is None:
                 raise self._unknown(fid)
-            with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-                try:
-                    check_ref(ref)
-                    view = segs.view(ref.segment, ref.offset, ref.length)  # type: ignore[arg-type]
-                    return bytes(check_record(view, ref, self._sealer))    # the one copy out of the map
-                except RecordError as exc:
-                    raise FactCorrupt(fid, ref.rec_epoch, ref.segment, ref.offset, str(exc)) from None
+            why = factrows.damage(row)
+            if why:
+                raise FactRowCorrupt(fid, why)
+            payload = self._record(row)
+            try:
+                return bytes(factrows.unbind(payload, row.text)[0])   # the one copy out of the map
+            except ValueError as exc:
+                raise FactRowCorrupt(fid, f"text: {exc}") from None
+
+    def damaged_facts(self) -> list[tuple[int, str]]:
+        """(id, why) of every fact whose row fails its checks: the facts that `facts` leaves out.
+        Edited texts are found by reading the records (fact_kv, `capsule verify`)."""
+        with self._lock:
+            self._check_open()
+            return [(r.id, why) for r in factdb.rows(self._index) if (why := factrows.damage(r))]
 
     def fact_embeddings(self) -> list[tuple[int, str, bytes]]:
         """(id, embedder, embedding) of every fact that has an embedding, ordered by id."""
@@ -158,6 +175,29 @@ class FactsMixin:
             return factdb.count(self._index)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _record(self, row: factrows.FactRow) -> memoryview:
+        """The payload of the row's verified KV record (a view of the map; FactCorrupt if bad).
+        The caller holds the state lock."""
+        ref = factdb.ref_of(row)
+        with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
+            try:
+                check_ref(ref)
+                view = segs.view(ref.segment, ref.offset, ref.length)  # type: ignore[arg-type]
+                return check_record(view, ref, self._sealer)
+            except RecordError as exc:
+                raise FactCorrupt(row.id, ref.rec_epoch, ref.segment, ref.offset, str(exc)) from None
+
+    def _text_edited(self, row: factrows.FactRow) -> str | None:
+        """Why the row's text is not the one its current KV record is bound to; None when it is,
+        or when that cannot be told (an unbound or damaged record: re-encoding replaces it)."""
+        try:
+            factrows.unbind(self._record(row), row.text)
+        except FactCorrupt:
+            return None
+        except ValueError as exc:
+            return f"text: {exc}"
+        return None
+
     def _known_id(self, fact_id: Any) -> int:
         fid = _fact_id(fact_id)
         if fid is None:
@@ -181,60 +221,3 @@ def _fact_id(fact_id: Any) -> int | None:
     except TypeError:
         raise ValueError(f"a fact id is an int, got {type(fact_id).__name__} {fact_id!r}") from None
     return fid if 0 < fid <= MAX_PAGE_INDEX else None
-
-
-def _utf8_len(value: str, what: str) -> int:
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid Unicode text (lone surrogates)") from None
-
-
-def _check_text(text: Any) -> None:
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"fact text must be a non-empty str, got {text!r:.60}")
-    if _utf8_len(text, "fact text") > MAX_TEXT_BYTES:
-        raise ValueError(f"fact text is {_utf8_len(text, 'fact text')} UTF-8 bytes; the limit is "
-                         f"{MAX_TEXT_BYTES} (64 KiB): split it into several facts")
-
-
-def _check_tags(tags: Any) -> list[str]:
-    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
-        raise ValueError(f"tags must be a sequence of str (e.g. a tuple), got {type(tags).__name__}")
-    out = list(tags)
-    if len(out) > MAX_TAGS:
-        raise ValueError(f"a fact has at most {MAX_TAGS} tags, got {len(out)}")
-    for tag in out:
-        if not isinstance(tag, str) or not tag or _utf8_len(tag, "a tag") > MAX_TAG_BYTES:
-            raise ValueError(f"each tag must be a non-empty str of at most {MAX_TAG_BYTES} UTF-8 bytes, "
-                             f"got {tag!r:.60}")
-    return out
-
-
-def _check_label(value: Any, what: str) -> None:
-    if not isinstance(value, str) or not value or _utf8_len(value, what) > MAX_LABEL_BYTES:
-        raise ValueError(f"{what} must be a non-empty str of at most {MAX_LABEL_BYTES} UTF-8 bytes, "
-                         f"got {value!r:.60}")
-
-
-def _check_kv_meta(n_tokens: Any, fingerprint: Any, rope: Any) -> None:
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= MAX_PAGE_INDEX:
-        raise ValueError(f"n_tokens must be an int >= 0, got {n_tokens!r}")
-    _check_label(fingerprint, "fingerprint")
-    _check_label(rope, "rope")
-
-
-def _check_embedding(embedding: Any, embedder: Any) -> bytes | None:
-    if embedding is None and embedder is None:
-        return None
-    if embedding is None or embedder is None:
-        raise ValueError("give embedding and embedder together (or neither)")
-    _check_label(embedder, "embedder")
-    try:
-        blob = bytes(memoryview(embedding).cast("B"))
-    except (TypeError, ValueError):
-        raise ValueError(f"embedding must be bytes or a C-contiguous buffer, got {type(embedding).__name__}") \
-            from None
-    if not blob or len(blob) > MAX_EMBEDDING_BYTES:
-        raise ValueError(f"embedding is {len(blob)} bytes; it must hold 1 to {MAX_EMBEDDING_BYTES} (1 MiB)")
-    return blob

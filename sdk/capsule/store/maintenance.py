@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from . import factdb
+from . import factdb, factrows
 from .index import Index
 from .info import PageRef, VerifyReport
 from .reader import check_record, check_ref
@@ -140,6 +140,12 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
                 facts_bad.append(ref.index)
                 problems.append(f"fact {ref.index}: KV record version {ref.rec_epoch} (segment {ref.segment}, "
                                 f"offset {ref.offset}): {why}")
+        for row in factdb.rows(index):                 # rows that listings leave out as damaged
+            why = factrows.damage(row)
+            if why:
+                if isinstance(row.id, int) and row.id not in facts_bad:
+                    facts_bad.append(row.id)
+                problems.append(f"fact {row.id}: index row: {why}")
     problems += index.integrity_problems() + factdb.fts_problems(index)
     return VerifyReport(not problems, tuple(epochs_ok), tuple(epochs_bad), records, nbytes, tuple(problems),
                         tuple(facts_bad))
