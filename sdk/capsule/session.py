@@ -83,7 +83,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         mem_config = MemoryConfig.of(memory)
         if memory is not None and model is None:
             raise ValueError("memory needs a model: give model=... or leave memory=None")
-        if mem_config.region_tokens > profile.runtime.max_context:
+        if memory is not None and mem_config.region_tokens > profile.runtime.max_context:
             raise ValueError(f"MemoryConfig.region_tokens ({mem_config.region_tokens}) exceeds "
                              f"runtime.max_context ({profile.runtime.max_context}): no stream could hold "
                              "its memory region; lower region_tokens or raise max_context")
