@@ -76,21 +76,12 @@ class Engine:
         """(positions the stream's region holds, pool blocks reserving it would take): raises
         ValueError, with nothing changed, if the stream is empty or could not hold the region."""
         s = self.stream(name)
-        if not s.ids:
-            raise ValueError(f"stream {name!r} is empty; append text before generating")
         if s.region is not None:
+            if not s.ids:
+                raise ValueError(f"stream {name!r} is empty; append text before generating")
             return s.region.size, 0
-        gap_at, start, size = self._region_span(s, region_tokens)
-        end = start + size + len(s.ids) - gap_at
-        if end > self.runner.max_context:
-            raise ValueError(f"stream {name!r} with a {region_tokens}-token memory region "
-                             f"would span {end} positions; max_context is "
-                             f"{self.runner.max_context} (lower MemoryConfig.region_tokens or "
-                             "raise runtime.max_context)")
-        # reserving truncates the table to the prefix, then allocates up to the region's end
-        kept = -(-min(s.table.num_cached, gap_at) // self.pool.block_size)
-        need = (start + size) // self.pool.block_size - kept
-        return size, need - (len(s.table.blocks) - kept)
+        _, size, blocks = self._plan_region(s, region_tokens)
+        return size, blocks
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
                     region_tokens: int) -> bool:
@@ -105,19 +96,31 @@ class Engine:
         if s.region is not None and s.region.fact_ids == tuple(f for f, _ in facts):
             return False
         if s.region is None:
-            self.memory_room(name, region_tokens)            # the checks, before any change
-            gap_at = self._region_span(s, region_tokens)[0]
+            gap_at, _, _ = self._plan_region(s, region_tokens)     # the checks, before any change
             s.region = reserve(s.table, gap_at, region_tokens)
         fill(s.table, s.region, self.runner.model, facts)
         return True
 
-    def _region_span(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
-        """(gap_at, start, size) of a region reserved now: after the system prefix's ids."""
+    def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
+        """(gap_at, size, net pool blocks) of a region reserved now, right after the system
+        prefix's ids; ValueError if the stream is empty or could not hold it."""
+        if not s.ids:
+            raise ValueError(f"stream {s.name!r} is empty; append text before generating")
         gap_at = 0
         if s.system_chars:
             system_ids = self.tokenizer.encode(s.text[:s.system_chars])
             gap_at = common_prefix(system_ids, s.ids)
-        return (gap_at, *span(gap_at, region_tokens, self.pool.block_size))
+        start, size = span(gap_at, region_tokens, self.pool.block_size)
+        end = start + size + len(s.ids) - gap_at
+        if end > self.runner.max_context:
+            raise ValueError(f"stream {s.name!r} with a {region_tokens}-token memory region "
+                             f"would span {end} positions; max_context is "
+                             f"{self.runner.max_context} (lower MemoryConfig.region_tokens or "
+                             "raise runtime.max_context)")
+        # reserving truncates the table to the prefix, then allocates up to the region's end
+        kept = -(-min(s.table.num_cached, gap_at) // self.pool.block_size)
+        need = (start + size) // self.pool.block_size - kept
+        return gap_at, size, need - (len(s.table.blocks) - kept)
 
     def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
         """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""
