@@ -97,8 +97,9 @@ def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
     # poisons the whole context, and duplicate slots would make index_put_ nondeterministic
     P = cos_table.shape[0]
     dup = (slots.sort().values.diff() == 0).any()                         # False when T == 1
-    pmin, pmax, smin, smax, has_dup = torch.stack(
-        (positions.min(), positions.max(), slots.min(), slots.max(), dup.long())).tolist()
+    run = (slots.diff() == 1).all()                                       # consecutive slots
+    pmin, pmax, smin, smax, has_dup, is_run = torch.stack(
+        (positions.min(), positions.max(), slots.min(), slots.max(), dup.long(), run.long())).tolist()
     if pmin < 0 or pmax >= P:
         raise ValueError(f"positions must lie in [0, {P}) (the rope table's length), got [{pmin}, {pmax}]; "
                          "call prepare_rope with more positions")
@@ -115,10 +116,31 @@ def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
         out[:, :, 0] = k                                                  # rounded once
         out[:, :, 1] = buf[:, :, 1]
         buf = out
+    by_token = kv_pool.permute(0, 3, 1, 2, 4, 5)         # (NB, bs, L, 2, KV, hd), same storage
+    if is_run:
+        _write_run(by_token, buf, smin)
+        return
     block = torch.div(slots, bs, rounding_mode="floor")
     offset = slots - block * bs
-    # (NB, bs, L, 2, KV, hd) view of the same storage: one index_put_ writes every layer's K and V
-    kv_pool.permute(0, 3, 1, 2, 4, 5).index_put_((block, offset), buf)
+    by_token.index_put_((block, offset), buf)              # every layer's K and V in one pass
+
+
+def _write_run(by_token: torch.Tensor, buf: torch.Tensor, first_slot: int) -> None:
+    """Write tokens to consecutive slots (so consecutive blocks: a memory region usually gets
+    them) as at most three strided copies, not a per-token scatter (~2x faster on CPU)."""
+    bs, T = by_token.shape[1], buf.shape[0]
+    block, offset = divmod(first_slot, bs)
+    t = 0
+    if offset:                                              # the rest of a partly used block
+        t = min(bs - offset, T)
+        by_token[block, offset:offset + t].copy_(buf[:t])
+        block += 1
+    n = (T - t) // bs
+    if n:                                                   # whole blocks
+        by_token[block:block + n].copy_(buf[t:t + n * bs].view(n, bs, *buf.shape[1:]))
+        t, block = t + n * bs, block + n
+    if t < T:                                               # the start of the last one
+        by_token[block, :T - t].copy_(buf[t:])
 
 
 def _rotate_(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -242,6 +242,24 @@ def test_rotate_scatter_tokens_concatenates_parts_and_leaves_them_alone():
             rotate_scatter_tokens(got, bad, pos[:3], slots[:3], cos, sin)
 
 
+@pytest.mark.parametrize("first,T", [(0, 32), (5, 40), (13, 3), (4, 1), (2, 14)])
+def test_rotate_scatter_to_consecutive_slots_equals_the_scatter(first, T):
+    from capsule.llm.rope import rope_tables
+    L, KV, hd, bs = 2, 2, 16, 8
+    cos, sin = rope_tables(RopeConfig(), hd, 128)
+    g = torch.Generator().manual_seed(first + T)
+    parts = [torch.randn(n, L, 2, KV, hd, generator=g) for n in (T // 2, T - T // 2) if n]
+    pos = torch.arange(30, 30 + T)
+    run = torch.zeros(9, L, 2, bs, KV, hd)
+    rotate_scatter_tokens(run, parts, pos, torch.arange(first, first + T) + bs, cos, sin)
+    # the same tokens through the per-token scatter: slots written in reverse are not a run
+    ref = torch.zeros_like(run)
+    rev = [p.flip(0) for p in reversed(parts)]
+    rotate_scatter_tokens(ref, rev, pos.flip(0), (torch.arange(first, first + T) + bs).flip(0), cos, sin)
+    assert torch.equal(run, ref)
+    assert run[1:].abs().sum() > 0 and run[0].abs().sum() == 0     # nothing outside the slots
+
+
 def test_check_reinjectable():
     check_reinjectable(RopeConfig())
     check_reinjectable(RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0))

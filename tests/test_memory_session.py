@@ -195,6 +195,41 @@ def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
         assert set(ids) - {gone} >= set(injected[1:])
 
 
+def test_region_blocks_not_written_by_the_first_fill_are_zeroed(tmp_path):
+    # the first fill writes the blocks its facts wholly cover instead of zeroing them first;
+    # every other new block (prefix holes, the partial block, the empty tail) must be zeroed
+    with _open(tmp_path / "s") as s:
+        for t in FACTS:
+            s.remember(t)
+        pool = s._engine.pool
+        free = torch.tensor(sorted(pool._free))
+        pool.tensor[free] = float("nan")                  # stale garbage in every free block
+        _conversation(s)
+        s.generate(2, memory_k=5)
+        st = s._engine.streams["main"]
+        r, bs = st.region, pool.block_size
+        region_blocks = pool.tensor[st.table.blocks[r.start // bs:(r.start + r.size) // bs]]
+        assert not torch.isnan(region_blocks).any()
+        used = r.used_end - r.start
+        flat = region_blocks.permute(0, 3, 1, 2, 4, 5).reshape(r.size, -1)   # (positions, ...)
+        assert flat[used:].abs().sum() == 0 and flat[:used].abs().sum() > 0
+        prefix_holes = pool.tensor[st.table.blocks[r.gap_at // bs]][:, :, r.gap_at % bs:]
+        assert prefix_holes.abs().sum() == 0 or r.gap_at % bs == 0
+        # a fill that fails after the reservation leaves zeros, not garbage
+        s.append("user: the red cup, the charger, the spare batteries, Rex and the tea?", stream="b")
+        import capsule.llm.engine as engine_mod
+        real = engine_mod.fill
+        engine_mod.fill = lambda *a: (_ for _ in ()).throw(RuntimeError("injected"))
+        try:
+            with pytest.raises(RuntimeError, match="injected"):
+                s.generate(1, stream="b", memory_k=5)
+        finally:
+            engine_mod.fill = real
+        b = s._engine.streams["b"]
+        assert b.region is not None and len(s.recall(s.text("b"), 5)) == 5   # it had 5 facts to write
+        assert not torch.isnan(pool.tensor[b.table.blocks]).any()
+
+
 def test_bad_memory_input(tmp_path):
     with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
                       memory={"embedder": None, "max_fact_tokens": 8, "region_tokens": 32}) as s:

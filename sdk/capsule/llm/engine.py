@@ -12,9 +12,11 @@ from typing import Sequence
 
 import torch
 
+from edge_kernels.rope import check_reinjectable
+
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from .kv_pool import KVPool
-from .region import fill, reserve, span
+from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator, sample_rows
 from .streams import Stream, check_stream_name, common_prefix
@@ -95,10 +97,18 @@ class Engine:
         s = self.stream(name)
         if s.region is not None and s.region.fact_ids == tuple(f for f, _ in facts):
             return False
-        if s.region is None:
-            gap_at, _, _ = self._plan_region(s, region_tokens)     # the checks, before any change
-            s.region = reserve(s.table, gap_at, region_tokens)
-        fill(s.table, s.region, self.runner.model, facts)
+        if s.region is not None:
+            fill(s.table, s.region, self.runner.model, facts)
+            return True
+        gap_at, _, _ = self._plan_region(s, region_tokens)         # the checks, before any change
+        check_reinjectable(self.runner.model.cfg.rope)
+        covered = sum(kv.shape[0] for _, kv in facts)
+        s.region = reserve(s.table, gap_at, region_tokens, covered)
+        try:
+            fill(s.table, s.region, self.runner.model, facts)
+        except BaseException:
+            zero_covered(s.table, s.region, covered)   # never leave unwritten garbage readable
+            raise
         return True
 
     def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:

@@ -80,7 +80,9 @@ class KVPool:
     def capacity_tokens(self) -> int:
         return (self.num_blocks - 1) * self.block_size
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, *, zero: bool = True) -> list[int]:
+        """n free blocks, zeroed unless zero=False (the caller then writes or zeroes each before
+        anything reads it: see region.reserve)."""
         if n > len(self._free):
             raise CapacityError(f"KV pool is full: need {n} more block(s) of {self.block_size} tokens, "
                                 f"{len(self._free)} free of {self.num_blocks - 1}; raise runtime.kv_pool_mb "
@@ -88,10 +90,16 @@ class KVPool:
         blocks = [heapq.heappop(self._free) for _ in range(n)]
         if blocks:
             idx = torch.tensor(blocks, device=self.tensor.device)
-            self.tensor.index_fill_(0, idx, 0)
+            if zero:
+                self.tensor.index_fill_(0, idx, 0)
             self.slot_valid.index_fill_(0, idx, True)
             self.dirty.update(blocks)  # zeroed content is state too: the next capsule carries it
         return blocks
+
+    def zero(self, blocks: list[int]) -> None:
+        if blocks:
+            self.tensor.index_fill_(0, torch.tensor(blocks, device=self.tensor.device), 0)
+            self.dirty.update(blocks)
 
     def release(self, blocks: list[int]) -> None:
         for b in blocks:
@@ -131,13 +139,18 @@ class BlockTable:
         """Positions that n_tokens tokens span (what max_context bounds)."""
         return self.position(n_tokens - 1) + 1 if n_tokens > 0 else 0
 
-    def reserve_gap(self, gap_at: int, gap: int, pinned: int) -> None:
+    def reserve_gap(self, gap_at: int, gap: int, pinned: int, *, zero: bool = True) -> int:
+        """Tokens from gap_at on move `gap` positions later; the first `pinned` blocks stay.
+        Returns the index of the first block allocated here (blocks from it on are new, and not
+        zeroed when zero=False)."""
         if self.num_cached > gap_at:
             raise ValueError("truncate the cached tokens to gap_at before reserving a gap there")
-        need = pinned - len(self.blocks)
+        first_new = len(self.blocks)
+        need = pinned - first_new
         if need > 0:   # allocate first: a full pool leaves the table as it was
-            self.blocks.extend(self.pool.allocate(need))
+            self.blocks.extend(self.pool.allocate(need, zero=zero))
         self.gap_at, self.gap, self.pinned = gap_at, gap, pinned
+        return first_new
 
     def ensure_capacity(self, n_tokens: int) -> None:
         need = -(-self.slot_end(n_tokens) // self.pool.block_size) - len(self.blocks)

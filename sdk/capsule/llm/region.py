@@ -73,18 +73,35 @@ def span(gap_at: int, region_tokens: int, block_size: int) -> tuple[int, int]:
     return -(-gap_at // block_size) * block_size, -(-region_tokens // block_size) * block_size
 
 
-def reserve(table: BlockTable, gap_at: int, region_tokens: int) -> Region:
+def reserve(table: BlockTable, gap_at: int, region_tokens: int, covered: int = 0) -> Region:
     """Put an empty region after the first gap_at tokens; later tokens move behind it.
 
-    The caller drops cached K/V from gap_at on (it sits at the old positions).
+    The caller drops cached K/V from gap_at on (it sits at the old positions). covered: fact
+    tokens the caller writes from the region's start right away (fill): the new blocks they
+    wholly cover are not zeroed first (zeroing 2048 positions only to overwrite most of them
+    cost ~1 ms); if that write fails, the caller zeroes them (zero_covered).
     """
     bs = table.pool.block_size
     start, size = span(gap_at, region_tokens, bs)
     table.truncate(gap_at)
-    table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs)
+    first_new = table.reserve_gap(gap_at, start + size - gap_at, (start + size) // bs, zero=False)
+    lo, hi = _covered_blocks(start, min(covered, size), bs)
+    table.pool.zero([b for j, b in enumerate(table.blocks[first_new:], first_new) if not lo <= j < hi])
     region = Region(gap_at, start, size)
     mark_holes(table, region)
     return region
+
+
+def zero_covered(table: BlockTable, region: Region, covered: int) -> None:
+    """Zero the blocks reserve(covered=...) left for the fill, when the fill did not happen."""
+    bs = table.pool.block_size
+    lo, hi = _covered_blocks(region.start, min(covered, region.size), bs)
+    table.pool.zero(table.blocks[lo:hi])
+
+
+def _covered_blocks(start: int, covered: int, bs: int) -> tuple[int, int]:
+    # block indices [lo, hi) wholly inside positions start .. start + covered - 1
+    return start // bs, (start + covered) // bs
 
 
 def mark_holes(table: BlockTable, region: Region) -> None:
