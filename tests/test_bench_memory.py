@@ -32,7 +32,9 @@ def test_memory_suite_quick(tmp_path, monkeypatch):
     assert [r["region_tokens"] for r in dec] == [0, 512, 2048]
     assert dec[0]["empty_region_blocks"] == 0 and all(r["empty_region_blocks"] > 0 for r in dec[1:])
     assert all(r["step_ms"] > 0 and r["step_ms_reading_all_blocks"] > 0 for r in dec)
-    assert len(res["targets"]) == 2 and all(t["met"] in ("yes", "NO") for t in res["targets"])
+    assert len(res["targets"]) == 3 and [t["met"] in ("yes", "NO") for t in res["targets"]] == [True, True, False]
+    g = res["growth"]
+    assert (g["k_low"], g["k_high"], g["reps"]) == (1, 50, 1) and g["growth"] == g["high_ms"] / g["low_ms"] > 0
     modes = {r["mode"]: r for r in res["recall"]}
     assert set(modes) == {"lexical (BM25)", "embedding only", "hybrid"}
     assert modes["lexical (BM25)"]["p50_ms"] > 0 and modes["lexical (BM25)"]["facts"] == 300

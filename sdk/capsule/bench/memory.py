@@ -1,7 +1,8 @@
 """`capsule bench --suite memory`: fact injection vs prefill, recall latency, injection deviation.
 
 1. TTFT with k facts: generate(1, memory_k=k) (recall + inject the facts' host-cached pre-RoPE K/V
-   + prefill system and question) vs generate(1) prefilling the same facts' text; fresh streams.
+   + prefill system and question) vs generate(1) prefilling the same facts' text; fresh streams
+   (bench/memory_ttft.py).
 2. Recall latency over many facts: lexical (BM25), embedding only, hybrid (Session.recall).
 3. Decode step cost with no region / a 512- / 2048-position region (bench/memory_decode.py).
 4. Final hidden state with 10 injected facts (encoding window 0 / 32) vs one joint prefill.
@@ -25,6 +26,7 @@ from ..memory.embedder import load_embedder
 from ..session import Session
 from . import BenchOptions, SuiteResult
 from .memory_decode import decode_rows
+from .memory_ttft import fresh, targets, ttft_rows
 from .timing import make_clock, percentile
 
 KS, QUICK_KS = (1, 5, 10, 25, 50), (1, 10, 50)
@@ -59,56 +61,6 @@ def make_facts(n: int, seed: int) -> list[tuple[str, str]]:
                 f"project {rng.choice(PROJECTS)}.\n")
         out.append((text, f"where is the {color} {thing} {code}?"))
     return out
-
-
-def _drop(s: Session, name: str) -> None:
-    """Bench-only: free a measured stream's KV blocks (Session has no stream delete)."""
-    st = s._engine.streams.pop(name)
-    s._engine.pool.release(st.table.blocks)
-
-
-def _fresh(s: Session, name: str, text: str) -> str:
-    s.append(SYSTEM, stream=name, system=True)
-    s.append(text, stream=name)
-    return name
-
-
-def _ttft(s: Session, ks: tuple[int, ...], reps: int, clock: Callable[[], float],
-          say: Callable[[str], None]) -> list[dict[str, Any]]:
-    texts = {s.remember(t): t for t, _ in make_facts(max(ks), seed=1)}  # encoded once, host-cached
-    tok, rows, n = s.tokenizer, [], 0
-
-    def timed(text: str, k: int) -> tuple[float, int, tuple[int, ...]]:
-        nonlocal n
-        n += 1
-        name = _fresh(s, f"ttft-{n}", text)              # a fresh stream: the region must be filled
-        t0 = clock()
-        s.generate(1, stream=name, memory_k=k)
-        dt = clock() - t0
-        st = s._engine.streams[name]
-        out = (dt, len(st.ids), st.region.fact_ids if st.region else ())
-        _drop(s, name)
-        return out
-
-    for k in ks:
-        _, _, chosen = timed(QUESTION, k)                # warm-up; says which k facts recall picks
-        joint = "".join(texts[f] for f in chosen) + QUESTION   # the same facts, same order, as text
-        timed(joint, 0)                                  # warm-up
-        injected, prefilled = [], []
-        for _ in range(reps):                            # interleaved: both see the same machine load
-            injected.append(timed(QUESTION, k))
-            prefilled.append(timed(joint, 0))
-        if len(chosen) != k or any(c != chosen for _, _, c in injected):
-            raise RuntimeError(f"k={k}: injected facts {chosen} differ between reps or are not {k}")
-        inj, pre = statistics.median(d for d, _, _ in injected), statistics.median(d for d, _, _ in prefilled)
-        rows.append({"k": k, "fact_tokens": sum(len(tok.encode(texts[f])) for f in chosen),
-                     "injected_ttft_ms": inj * 1e3, "prefill_ttft_ms": pre * 1e3,
-                     "injected_min_max_ms": f"{min(d for d, _, _ in injected) * 1e3:.1f}-"
-                                            f"{max(d for d, _, _ in injected) * 1e3:.1f}",
-                     "injected_stream_tokens": injected[0][1], "prefill_stream_tokens": prefilled[0][1],
-                     "ratio_prefill_over_injected": pre / inj})
-        say(f"TTFT k={k}: injected {inj * 1e3:.1f} ms, prefilled {pre * 1e3:.1f} ms ({pre / inj:.1f}x)")
-    return rows
 
 
 def _lat(fn: Callable[[str], Any], queries: list[str]) -> tuple[list[float], list[Any]]:
@@ -211,10 +163,10 @@ def _deviation(tmp: Path, opts: BenchOptions, tok: Any, say: Callable[[str], Non
             model, errs, lerrs, agree, same = s._engine.runner.model, [], [], 0, True
             for i, q in enumerate(questions):
                 with _final_hidden(model) as got:        # injected: system [region: 10 facts] question
-                    s.generate(1, stream=_fresh(s, f"inj-{i}", q), memory_k=DEVIATION_K)
+                    s.generate(1, stream=fresh(s, f"inj-{i}", SYSTEM, q), memory_k=DEVIATION_K)
                 order = s._engine.streams[f"inj-{i}"].region.fact_ids
                 body = "".join(texts[f] for f in order)  # joint: the same text, prefilled causally
-                joint = s.tokens(_fresh(s, f"joint-{i}", body + q))
+                joint = s.tokens(fresh(s, f"joint-{i}", SYSTEM, body + q))
                 with _final_hidden(model) as ref:
                     s.generate(1, stream=f"joint-{i}")
                 (h, lg), (h0, lg0) = got[-1], ref[-1]
@@ -229,20 +181,6 @@ def _deviation(tmp: Path, opts: BenchOptions, tok: Any, say: Callable[[str], Non
                      "same_tokens": same})
         say(f"deviation window {w}: hidden rel err {statistics.mean(errs):.4f}")
     return rows
-
-
-def _targets(ttft: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by, out = {r["k"]: r for r in ttft}, []
-    if 50 in by:
-        v = by[50]["ratio_prefill_over_injected"]
-        out.append({"target": f"k=50: injected TTFT >= {TARGET_RATIO:.0f}x lower than prefill",
-                    "measured": f"{v:.1f}x", "met": "yes" if v >= TARGET_RATIO else "NO"})
-    if 1 in by and 50 in by:
-        g = by[50]["injected_ttft_ms"] / by[1]["injected_ttft_ms"]
-        out.append({"target": f"injected TTFT growth k=1 -> k=50 <= {TARGET_GROWTH}x",
-                    "measured": f"{by[1]['injected_ttft_ms']:.1f} -> {by[50]['injected_ttft_ms']:.1f} ms "
-                                f"({g:.2f}x)", "met": "yes" if g <= TARGET_GROWTH else "NO"})
-    return out
 
 
 def run(opts: BenchOptions) -> SuiteResult:
@@ -266,7 +204,8 @@ def run(opts: BenchOptions) -> SuiteResult:
             settings = {"model": opts.model, "untrained": bool(getattr(s.model_info, "untrained", False)),
                         "device": str(device), "dtype": s.profile.runtime.dtype, "quick": opts.quick,
                         "torch_threads": torch.get_num_threads()}
-            ttft = _ttft(s, ks, reps, make_clock(device), say)
+            ttft, growth = ttft_rows(s, [t for t, _ in make_facts(max(ks), seed=1)], ks, reps, SYSTEM,
+                                     QUESTION, make_clock(device), say)
         decode = decode_rows(tmp, opts, {"kv_pool_mb": 64, "max_context": MAX_CONTEXT}, SYSTEM, QUESTION,
                              [t for t, _ in make_facts(5, seed=5)], say)
         recall, remember = _recall(tmp, opts, n_facts, n_remember, n_queries, say)
@@ -277,7 +216,10 @@ def run(opts: BenchOptions) -> SuiteResult:
                 "injected = wall time of generate(1, memory_k=k) on SYSTEM + QUESTION (BM25 recall of "
                 "the k facts, their host-cached pre-RoPE K/V rotated and scattered into the stream's "
                 "memory region, prefill of system + question, first token); prefill = generate(1) on "
-                "SYSTEM + the same k facts' texts in the same order + QUESTION. Embedder off here.",
+                "SYSTEM + the same k facts' texts in the same order + QUESTION. Embedder off here. "
+                "Growth target: then the same number of injected reps at the smallest and largest k, "
+                "alternated, so both follow the same work (in the table a k=50 rep follows a "
+                "1,500-token prefill rep; bench/memory_ttft.py)",
         "decode": "per region size (none, 512, 2048) a fresh session: system + question with 5 facts "
                   "injected, then one decode row stepped repeatedly (idempotent); median step after "
                   "10 warm-up, eager with the region's empty blocks left out vs reading every block "
@@ -297,11 +239,11 @@ def run(opts: BenchOptions) -> SuiteResult:
                      f"mean over {DEVIATION_QUESTIONS} questions; region = the facts' tokens exactly (block-"
                      "aligned), so the question sits < 2 KV blocks later than in the joint text",
     })
-    targets = _targets(ttft)
+    goals = targets(ttft, growth, TARGET_RATIO, TARGET_GROWTH)
     results = {"ttft": ttft, "decode": decode, "recall": recall, "remember": remember,
-               "deviation": deviation, "targets": targets}
+               "deviation": deviation, "growth": growth, "targets": goals}
     return SuiteResult(settings=settings, results=results,
                        tables={"TTFT: injected vs prefilled facts": ttft,
                                "decode step with a memory region": decode, "recall latency": recall,
                                "remember and fill": [remember],
-                               "injected vs joint prefill deviation": deviation, "targets": targets})
+                               "injected vs joint prefill deviation": deviation, "targets": goals})
