@@ -98,6 +98,20 @@ def test_memory_reencode_repairs_a_damaged_fact(tmp_path, capsys):
     assert "--model" in capsys.readouterr().err
 
 
+def test_memory_reencode_names_a_fact_with_a_damaged_row(tmp_path, capsys):
+    import sqlite3
+    store = tmp_path / "s"
+    with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
+        ids = [s.remember(t) for t in FACTS]
+    con = sqlite3.connect(store / "index.sqlite")
+    con.execute("UPDATE facts SET tags='{not json' WHERE id=?", (ids[1],))
+    con.commit()
+    con.close()
+    assert main(["memory", "reencode", str(store), "--model", "builtin:small", "--device", "cpu"]) == 1
+    out = capsys.readouterr()
+    assert "re-encoded 2 of 3 fact(s)" in out.out and f"fact {ids[1]}: not re-encoded" in out.err
+
+
 def test_memory_reencode_missing_store_is_a_one_line_error(tmp_path, capsys):
     assert main(["memory", "reencode", str(tmp_path / "missing"), "--model", "builtin:tiny",
                  "--device", "cpu"]) == 1

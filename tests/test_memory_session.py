@@ -180,9 +180,13 @@ def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
         injected = st.region.fact_ids
         s.checkpoint()
         gone = injected[0]
+        old_end = st.region.used_end
         s.forget(gone)                                  # at once: the other facts stay, packed
         assert st.region.fact_ids == injected[1:]
         assert st.region.facts[0][1] == st.region.start
+        pool, bs = s._engine.pool, s._engine.pool.block_size
+        freed = [pool.tensor[st.table.blocks[p // bs], :, :, p % bs] for p in range(st.region.used_end, old_end)]
+        assert freed and all(t.abs().sum() == 0 for t in freed)   # its bytes left the pool too
         s.rollback(1)                                   # the capsule still holds it: dropped again
         assert s._engine.streams["main"].region.fact_ids == injected[1:]
         s.clear_memory()
@@ -299,6 +303,27 @@ def test_a_failed_memory_generate_changes_no_stream(tmp_path):
         assert s._engine.streams["a"].region.facts == before
         assert s._engine.streams["empty"].region is None
         s.append("system: you are a robot.\n", stream="empty", system=True)   # still allowed
+
+
+def test_a_memory_generate_that_cannot_fit_changes_nothing(tmp_path):
+    rt = {"kv_pool_mb": 0.6, "max_context": 1024}                     # 76 blocks of 16
+    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=rt, memory={"embedder": None}) as s:
+        for t in FACTS:
+            s.remember(t)
+        s.append("user: where is the charger? " + "please hurry, " * 110)   # ~370 tokens
+        s.generate(1)
+        st = s._engine.streams["main"]
+        cached, blocks = st.table.num_cached, list(st.table.blocks)
+        with pytest.raises(ValueError, match="exceed max_context"):
+            s.generate(300, memory_k=1)                  # 512 region + 370 + 300 > 1024
+        assert st.region is None and st.table.num_cached == cached and st.table.blocks == blocks
+        free = s._engine.pool.free_blocks
+        s.append("user: is the red cup fragile?", stream="b")
+        from capsule import CapacityError
+        with pytest.raises(CapacityError, match="KV pool is full"):   # two 512-position regions
+            s.generate(1, stream=["main", "b"], memory_k=1)
+        assert st.region is None and st.table.num_cached == cached and st.table.blocks == blocks
+        assert s._engine.streams["b"].region is None and s._engine.pool.free_blocks == free
 
 
 def test_the_query_is_the_whole_user_turn(tmp_path):

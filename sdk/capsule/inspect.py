@@ -86,12 +86,12 @@ def verify_store(path: str | os.PathLike) -> tuple[bool, str]:
 
 
 def _fact_damage(store: Store, record_bad: set[int]) -> list[tuple[int, str]]:
-    """(id, why) for every fact whose row is damaged, whose text is not the one its KV was encoded
-    from, or whose KV is not a FactKV agreeing with its row. Facts in record_bad (their record is
-    damaged: already reported) are not read again."""
-    out = [(fid, f"index row: {why}") for fid, why in store.damaged_facts()]
+    """(id, why) for every fact whose text is not the one its KV was encoded from, or whose KV
+    is not a FactKV agreeing with its row. Damaged rows and damaged records are in the store's
+    own verify report (record_bad) already: not read again."""
+    out = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DamagedFactWarning)   # listed above
+        warnings.simplefilter("ignore", DamagedFactWarning)   # Store.verify lists damaged rows
         infos = store.facts()
     for info in infos:
         if info.id in record_bad:

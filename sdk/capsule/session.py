@@ -179,7 +179,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
             for n in names:
                 engine.stream(n)   # unknown streams fail before any memory work
             if memory_k:
-                self._inject(names, memory_k)
+                self._inject(names, memory_k, max_new_tokens)
             bucket_max = engine.runner.buckets[-1]
             replies: dict[str, str] = {}
             for i in range(0, len(names), bucket_max):  # more streams than the largest bucket: in groups

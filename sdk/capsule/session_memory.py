@@ -68,7 +68,7 @@ class MemoryMethods:
         with self._llm_section():
             return self._mem().recall(query, k)
 
-    def _inject(self, names: Sequence[str], memory_k: int) -> None:
+    def _inject(self, names: Sequence[str], memory_k: int, max_new_tokens: int) -> None:
         """Fill each stream's region with its top memory_k facts that are intact and fit.
 
         Every stream's facts are chosen and checked first: an error leaves every stream as it was.
@@ -81,20 +81,24 @@ class MemoryMethods:
                              f"(the KV pool {engine.pool.capacity_tokens}); use memory_k <= {limit}")
         plans, blocks = [], 0
         for name in names:
-            room, need = engine.memory_room(name, mem.config.region_tokens)
-            blocks += need
+            room, need = engine.memory_room(name, mem.config.region_tokens, max_new_tokens)
+            # blocks one stream frees (truncated to its prefix) are not counted for another: the
+            # sum of the positive needs is enough whatever the order the streams are filled in
+            blocks += max(0, need)
             s = engine.stream(name)
             plans.append((name, self._choose(mem, s.last_user or s.text[-500:], memory_k, room)))
         if blocks > engine.pool.free_blocks:
-            raise CapacityError(f"KV pool is full: the memory regions of {', '.join(map(repr, names))} "
-                                f"need {blocks} more block(s), {engine.pool.free_blocks} are free; raise "
-                                "runtime.kv_pool_mb or lower MemoryConfig.region_tokens")
+            raise CapacityError(f"KV pool is full: {', '.join(map(repr, names))} with their memory regions "
+                                f"and {max_new_tokens} new tokens need {blocks} more block(s), "
+                                f"{engine.pool.free_blocks} are free; raise runtime.kv_pool_mb, lower "
+                                "MemoryConfig.region_tokens or shorten the streams")
         for name, chosen in plans:
             engine.fill_memory(name, chosen, mem.config.region_tokens)
 
     def _drop_forgotten(self) -> None:
-        """Refill, without them, every region holding facts that are no longer stored (forgotten,
-        e.g. after a restore of an older capsule) or whose K/V is now damaged."""
+        """Refill, without them, every region holding facts that are no longer stored (forgotten;
+        e.g. after a restore of an older capsule). While refilling, a remaining fact whose K/V
+        is now damaged is left out too (with a warning)."""
         if self._memory is None:    # a Memory exists only with a model (and so an engine)
             return
         mem, engine = self._memory, self._llm()

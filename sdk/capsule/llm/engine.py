@@ -74,16 +74,23 @@ class Engine:
             turn = text if generated_since else s.last_user + text
             s.last_user = turn[-MAX_QUERY_CHARS:]
 
-    def memory_room(self, name: str, region_tokens: int) -> tuple[int, int]:
-        """(positions the stream's region holds, pool blocks reserving it would take): raises
-        ValueError, with nothing changed, if the stream is empty or could not hold the region."""
+    def memory_room(self, name: str, region_tokens: int, max_new_tokens: int) -> tuple[int, int]:
+        """(positions the stream's region holds, pool blocks the stream needs beyond those it
+        holds to reserve and fill its region, re-prefill and generate max_new_tokens): raises
+        ValueError, with nothing changed, if the stream is empty or would not fit max_context."""
         s = self.stream(name)
         if s.region is not None:
             if not s.ids:
                 raise ValueError(f"stream {name!r} is empty; append text before generating")
-            return s.region.size, 0
-        _, size, blocks = self._plan_region(s, region_tokens)
-        return size, blocks
+            size, end = s.region.size, s.table.slot_end(len(s.ids))
+        else:
+            _, size, end = self._plan_region(s, region_tokens)
+        if end + max_new_tokens > self.runner.max_context:
+            raise ValueError(f"stream {name!r} spans {end} positions with its memory region; "
+                             f"{max_new_tokens} more exceed max_context {self.runner.max_context} "
+                             "(generate fewer tokens, lower MemoryConfig.region_tokens or raise "
+                             "runtime.max_context)")
+        return size, -(-(end + max_new_tokens) // self.pool.block_size) - len(s.table.blocks)
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
                     region_tokens: int) -> bool:
@@ -112,8 +119,8 @@ class Engine:
         return True
 
     def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
-        """(gap_at, size, net pool blocks) of a region reserved now, right after the system
-        prefix's ids; ValueError if the stream is empty or could not hold it."""
+        """(gap_at, size, positions the stream spans then) of a region reserved now, right after
+        the system prefix's ids; ValueError if the stream is empty or could not hold it."""
         if not s.ids:
             raise ValueError(f"stream {s.name!r} is empty; append text before generating")
         gap_at = 0
@@ -127,10 +134,7 @@ class Engine:
                              f"would span {end} positions; max_context is "
                              f"{self.runner.max_context} (lower MemoryConfig.region_tokens or "
                              "raise runtime.max_context)")
-        # reserving truncates the table to the prefix, then allocates up to the region's end
-        kept = -(-min(s.table.num_cached, gap_at) // self.pool.block_size)
-        need = (start + size) // self.pool.block_size - kept
-        return gap_at, size, need - (len(s.table.blocks) - kept)
+        return gap_at, size, end
 
     def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
         """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""

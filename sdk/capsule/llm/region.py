@@ -122,8 +122,16 @@ def fill(table: BlockTable, region: Region, model: Decoder,
     if total > region.size:
         raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
+    old_end = region.used_end
     region.facts = []
     mark_holes(table, region)   # all holes until the new facts are written
+    if old_end > region.start + total:
+        # the old facts' K/V past the new ones: masked, but wiped so a forgotten fact's bytes
+        # leave the pool (and the next capsule) with it
+        by_token = table.pool.tensor.permute(0, 3, 1, 2, 4, 5)           # (NB, bs, L, 2, KV, hd)
+        slots = table.slot_range(region.start + total, old_end)
+        bs = table.pool.block_size
+        by_token[torch.div(slots, bs, rounding_mode="floor"), slots % bs] = 0
     if not facts:
         return
     placed, at = [], region.start

@@ -39,7 +39,8 @@ class Stream:
     # text[:system_chars] is the system prefix; a memory region (facts' K/V) sits right after it
     system_chars: int = 0
     region: Region | None = None
-    # the latest appended (non-system) text: the query that picks the memory facts
+    # the user's turn: (non-system) text appended since the model last spoke, the query that
+    # picks the memory facts (Engine.append)
     last_user: str = ""
 
     @classmethod

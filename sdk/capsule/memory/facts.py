@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import CapsuleCorrupt, StoreError
-from ..store.errors import UnknownFact
+from ..store.errors import DamagedFactWarning, UnknownFact
 from ..llm.model import Decoder
 from ..tokenize import ReferenceTokenizer
 from .embedder import Embedder, load_embedder
@@ -123,15 +123,20 @@ class Memory:
         """Re-encode every fact stored under another model or rope, or whose K/V record is
         damaged (from its text). Returns (how many, [(fact id, why it could not be)]); one
         failure does not stop the others. progress: called with the number of facts checked."""
-        done, failed = 0, []
-        for i, info in enumerate(self.store.facts(), 1):
+        failed = [(fid, f"its index row is damaged ({why}): forget it and remember it again")
+                  for fid, why in self.store.damaged_facts()]
+        done = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DamagedFactWarning)   # in `failed` already
+            infos = self.store.facts()
+        for i, info in enumerate(infos, 1):
             try:
                 if (info.fingerprint, info.rope) != (self.fingerprint, self.rope) or not self._intact(info):
                     self._reencode(info)
                     done += 1
             except UnknownFact:
                 pass                                    # forgotten meanwhile
-            except (CapsuleCorrupt, StoreError, ValueError) as exc:
+            except (CapsuleCorrupt, StoreError, ValueError, RuntimeError, MemoryError) as exc:
                 failed.append((info.id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
             if progress is not None:
                 progress(i)

@@ -255,7 +255,7 @@ def sound(rows: Iterable[tuple]) -> list[FactRow]:
 def warn_damaged(fact_id: Any, why: str) -> None:
     warnings.warn(DamagedFactWarning(
         f"memory fact {fact_id} is damaged and was skipped: {why}. Other facts are unaffected; forget it "
-        f"(Store.forget_fact({fact_id})) and add it again; `capsule verify` lists all damage"), stacklevel=5)
+        f"(Session.forget({fact_id})) and remember it again; `capsule verify` lists all damage"), stacklevel=5)
 
 
 # -- text binding -------------------------------------------------------------------------------
