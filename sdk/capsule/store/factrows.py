@@ -7,6 +7,7 @@ the database itself) stays an IndexCorrupt. Format: docs/FORMAT.md, "Facts".
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -155,13 +156,19 @@ def parse_tags(raw: Any) -> list[str]:
     """A row's tags column: a JSON list of strings within the add_fact limits (ValueError if not)."""
     if not isinstance(raw, str) or len(raw) > _MAX_TAGS_JSON:
         raise ValueError(f"not a JSON list of strings: {raw!r:.80}")
+    return list(_parsed_tags(raw))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_tags(raw: str) -> tuple[str, ...]:
+    # rows share few distinct tag lists ('[]' most of all): a listing parses each once
     try:
         tags = json.loads(raw)
     except (ValueError, RecursionError):
         tags = None
     if not isinstance(tags, list):
         raise ValueError(f"not a JSON list of strings: {raw!r:.80}")
-    return check_tags(tags)
+    return tuple(check_tags(tags))
 
 
 def lenient_tags(raw: Any) -> list[str]:
