@@ -9,9 +9,10 @@ Quick use::
 """
 from ._version import __version__
 from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatch, ModelLoadError,
-                     StoreError, TokenizerError, UnsupportedArchitecture, VocabMismatch)
+                     StoreError, TokenizerError, UnknownStream, UnsupportedArchitecture, VocabMismatch)
 from .control import ControlLoop
 from .session import Session
 
 __all__ = ["__version__", "ControlLoop", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
-           "ModelLoadError", "StoreError", "TokenizerError", "UnsupportedArchitecture", "VocabMismatch"]
+           "ModelLoadError", "StoreError", "TokenizerError", "UnknownStream", "UnsupportedArchitecture",
+           "VocabMismatch"]

@@ -111,6 +111,8 @@ def check_app_state(value: object) -> dict:
         exact = isinstance(value, dict) and json.loads(json.dumps(value, allow_nan=False)) == value
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Session.state must be JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise ValueError("Session.state is nested too deeply to save; flatten it") from None
     if not exact:
         raise ValueError("Session.state must be a dict that survives JSON unchanged (str keys; lists, "
                          "not tuples), so a restore gives back exactly what was saved")

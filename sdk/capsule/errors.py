@@ -36,3 +36,10 @@ class CapsuleMismatch(CapsuleError):
 
 class CapsuleCorrupt(CapsuleError):
     """No valid epoch could be read from a store that holds data."""
+
+
+class UnknownStream(CapsuleError, KeyError):
+    """No stream of that name (a KeyError too, as a missing key of Session.streams())."""
+
+    def __str__(self) -> str:   # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""

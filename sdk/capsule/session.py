@@ -8,8 +8,12 @@ read-only vocabularies).
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -54,6 +58,10 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         self._deferred: tuple[str | None] | None = None   # a capsule asked for while the LLM was busy
         self._deferred_error: BaseException | None = None
         self._closed = False
+        # a capsule taken with wait=False is durable once written: if the app exits without
+        # close(), close at interpreter exit (the writer is a daemon thread) instead of losing it
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     # -- lifetime ---------------------------------------------------------------------------
     @classmethod
@@ -73,10 +81,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         engine of the profile's `engines` that works here (see act, reset, episode).
         Nothing is created on disk unless the model and tokenizer load.
         """
-        store_path = Path(path)
-        if store_path.exists() and not store_path.is_dir():
-            raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
-                             "(it is created if missing)")
+        store_path = _store_path(path)
         profile = devices.detect_profile(device)
         if runtime:
             profile = profile.replace_runtime(**dict(runtime))
@@ -115,6 +120,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
             if self._closed:
                 return
             self._closed = True
+            atexit.unregister(self._at_exit)
             try:
                 self._ckpt.close()
             finally:
@@ -168,6 +174,8 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
             raise ValueError(f"seed must be an int in 0..2**63-1 or None, got {seed!r}")
         params = SamplingParams(float(temperature), float(top_p))
+        if not isinstance(stream, (str, list, tuple)):
+            raise ValueError(f"stream must be a name or a list of names, got {type(stream).__name__}")
         names = [stream] if isinstance(stream, str) else list(stream)
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"stream must be a name or a list of distinct names, got {stream!r}")
@@ -198,6 +206,13 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         with self._llm_section():
             return list(self._llm().streams)
 
+    def drop_stream(self, stream: str) -> None:
+        """Forget a stream (text, tokens, K/V blocks back to the pool); the next capsule has no
+        such stream. For a long-running robot whose conversation reached max_context or filled
+        the pool: drop it and start a new one (rollback restores an older capsule instead)."""
+        with self._llm_section():
+            self._llm().drop(stream)
+
     # -- app state --------------------------------------------------------------------------
     @property
     def state(self) -> dict:
@@ -221,3 +236,33 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         if self._engine is None:
             raise ValueError("this Session has no model (opened with model=None)")
         return self._engine
+
+
+_STORE_FILES = {"LOCK", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "segments"}
+
+
+def _store_path(path: str | os.PathLike) -> Path:
+    """The store folder: ~ expanded; refused if it is a file, empty, or a folder of other files."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"path must name the store folder (it is created if missing), got {path!r}")
+    store_path = Path(os.path.expanduser(os.fspath(path)))
+    if store_path.exists() and not store_path.is_dir():
+        raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
+                         "(it is created if missing)")
+    if store_path.is_dir() and not (store_path / "index.sqlite").exists():
+        other = sorted(p.name for p in store_path.iterdir() if p.name not in _STORE_FILES)
+        if other:
+            raise StoreError(f"folder {str(store_path)!r} holds other files ({', '.join(other[:3])}"
+                             f"{', ...' if len(other) > 3 else ''}) and no capsule store; give an empty "
+                             "or new folder")
+    return store_path
+
+
+def _close_at_exit(ref: "weakref.ref[Session]") -> None:
+    session = ref()
+    if session is None or session._closed:
+        return
+    try:
+        session.close()
+    except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to
+        print(f"capsule: closing the Session of {session.path} at exit failed: {exc}", file=sys.stderr)

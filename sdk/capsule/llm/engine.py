@@ -14,6 +14,7 @@ import torch
 
 from edge_kernels.rope import check_reinjectable
 
+from ..errors import UnknownStream
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
@@ -35,7 +36,7 @@ class Engine:
     def stream(self, name: str) -> Stream:
         check_stream_name(name)
         if name not in self.streams:
-            raise KeyError(f"no stream {name!r}; streams: {', '.join(self.streams) or 'none yet'} "
+            raise UnknownStream(f"no stream {name!r}; streams: {', '.join(self.streams) or 'none yet'} "
                            "(append text to create one)")
         return self.streams[name]
 
@@ -91,6 +92,12 @@ class Engine:
                              "(generate fewer tokens, lower MemoryConfig.region_tokens or raise "
                              "runtime.max_context)")
         return size, -(-(end + max_new_tokens) // self.pool.block_size) - len(s.table.blocks)
+
+    def drop(self, name: str) -> None:
+        """Forget a stream: its text, ids and K/V blocks (back to the pool)."""
+        s = self.stream(name)
+        del self.streams[name]
+        self.pool.release(s.table.blocks)
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
                     region_tokens: int) -> bool:

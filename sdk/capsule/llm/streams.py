@@ -51,8 +51,15 @@ class Stream:
 def check_stream_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"stream name must be a non-empty str, got {name!r}")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_STREAM_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        # it would be accepted here and then fail every checkpoint (names are saved as UTF-8)
+        raise ValueError(f"stream name {name!r} is not valid Unicode text (an unpaired surrogate)") from None
+    if size > MAX_STREAM_NAME_BYTES:
         raise ValueError(f"stream name is longer than {MAX_STREAM_NAME_BYTES} bytes; use a shorter one")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"stream name {name!r} holds a control character; use printable text")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

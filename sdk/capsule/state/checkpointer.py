@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import CapsuleCorrupt, CapsuleMismatch, StoreError
+from ..store.inputs import check_name
 from .binding import Binding
 from .snapshot import Snapshotter
 from .writer import BackgroundWriter
@@ -84,6 +85,7 @@ class Checkpointer:
         return epoch
 
     def _check_name(self, name: str) -> None:
+        check_name(name)   # the form first: a name that looks like an id would resolve to one
         self.flush()  # named epochs are bookmarks: settle the queue so the name check is exact
         try:
             self.store.resolve(name)

@@ -54,8 +54,15 @@ def check_name(name: str | None) -> None:
     if name is not None and (not isinstance(name, str) or not name.strip() or len(name) > MAX_EPOCH_NAME):
         raise ValueError(f"epoch name must be a non-empty str of at most {MAX_EPOCH_NAME} characters, "
                          f"got {name!r}")
-    if isinstance(name, str) and name.isdigit():
+    if isinstance(name, str) and (name.strip().isdigit() or name.strip().lstrip("+-").isdigit()):
         raise ValueError(f"epoch name {name!r} looks like an epoch id; pick a name with a letter in it")
+    if isinstance(name, str):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"epoch name {name!r} is not valid Unicode text (an unpaired surrogate)") from None
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError(f"epoch name {name!r} holds a control character; use printable text")
 
 
 def check_meta(meta: dict | None) -> dict:
