@@ -164,8 +164,12 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         Greedy when temperature is 0. `seed` reseeds the stream's generator; without it a
         sampling stream continues its own generator. Give a list of streams to decode them
         together in one batched step; the result is then a dict stream -> text.
-        memory_k: inject the K/V of the k facts most relevant to the stream's latest appended
-        text into its memory region first (replacing the facts injected before).
+        The stream keeps every generated token, the stop string (or EOS) and the rest of the
+        token that completed it included: with stop="\nuser:", append the next turn without
+        repeating "\nuser:" (s.text() shows what the model sees).
+        memory_k: inject the K/V of the k facts most relevant to the user's turn (the text
+        appended since the model last spoke) into the stream's memory region first (replacing
+        the facts injected before); 0 leaves the region as it is (see clear_memory).
         """
         if isinstance(memory_k, bool) or not isinstance(memory_k, int) or memory_k < 0:
             raise ValueError(f"memory_k must be an int >= 0, got {memory_k!r}")
