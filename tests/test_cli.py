@@ -253,3 +253,30 @@ def test_onnxruntime_provider_fallback_and_mismatch_are_failed(tmp_path):
     assert fell.status == FAILED and "fell back" in fell.reason
     off = _run_provider(fake_ort("CPUExecutionProvider", 1e-3), "CPUExecutionProvider", path, x, want)
     assert off.status == FAILED and "differs" in off.reason
+
+
+def test_doctor_leaves_out_the_azure_provider(monkeypatch, tmp_path):
+    # onnxruntime lists AzureExecutionProvider (a cloud endpoint, not a local backend) on any machine
+    import numpy as np
+
+    from capsule import doctor_onnx
+
+    want = np.full((2, 8), 0.5, dtype=np.float32)
+    ran = []
+
+    class Sess:
+        def __init__(self, path, providers):
+            ran.extend(providers)
+            self.providers = providers
+
+        def get_providers(self):
+            return self.providers
+
+        def run(self, names, feeds):
+            return [want]
+    fake = types.SimpleNamespace(__version__="9.9.9", InferenceSession=Sess,
+                                 get_available_providers=lambda: ["AzureExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setitem(sys.modules, "onnxruntime", fake)
+    monkeypatch.setattr(doctor_onnx, "export_probe", lambda work: (work / "p.onnx", np.ones((2, 16)), want))
+    checks = doctor_onnx.probe_onnxruntime(tmp_path)
+    assert [(c.name, c.status) for c in checks] == [("onnxruntime CPU", OK)] and ran == ["CPUExecutionProvider"]

@@ -250,6 +250,8 @@ def test_fake_clock_never_goes_backwards():
     ({"hz": True}, "hz must be"), ({"hz": float("nan")}, "hz must be"),
     ({"checkpoint_every": -1}, "checkpoint_every"), ({"checkpoint_every": 2.5}, "checkpoint_every"),
     ({"on_miss": "drop"}, "'skip', 'catch_up'"),
+    *[({"checkpoint_every": 1, "on_checkpoint_error": bad}, "on_checkpoint_error must be one of 'raise', "
+       "'continue'") for bad in ("ignore", "", None, True, "RAISE")],
 ])
 def test_bad_constructor_args(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -268,3 +270,49 @@ def test_bad_session_and_run_args():
             loop.run(lambda t: None, duration_s=bad)
     with pytest.raises(ValueError, match="spin_s"):
         MonotonicClock(spin_s=-0.1)
+
+
+class FailingSession(FakeSession):
+    """checkpoint raises on the given call numbers (1-based), as a full disk would."""
+
+    def __init__(self, clock: FakeClock, stall_ms: float, fail_on: set[int]) -> None:
+        super().__init__(clock, stall_ms)
+        self.fail_on = fail_on
+
+    def checkpoint(self, **kwargs) -> int:
+        n = super().checkpoint(**kwargs)
+        if n in self.fail_on:
+            raise OSError(f"injected: no space left on device (call {n})")
+        return n
+
+
+def test_checkpoint_failure_raises_by_default():
+    clock = FakeClock()
+    loop = ControlLoop(FailingSession(clock, 1, {3}), 100, checkpoint_every=5, clock=clock)
+    assert loop.on_checkpoint_error == "raise"
+    with pytest.raises(OSError, match="no space left"):
+        loop.run(stepper(clock, 2), 50)
+    st = loop.stats()
+    assert st.steps == 15 and st.checkpoints == 2 and st.checkpoint_failures == 0
+
+
+def test_checkpoint_failure_continue_keeps_acting_counts_and_warns_once():
+    clock = FakeClock()
+    session = FailingSession(clock, 1, {3, 4, 7})
+    loop = ControlLoop(session, 100, checkpoint_every=5, clock=clock, on_checkpoint_error="continue")
+    step = stepper(clock, 2)
+    with pytest.warns(RuntimeWarning, match="checkpoint failed") as caught:
+        st = loop.run(step, 50)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1   # once per run
+    assert "call 3" in str(caught[0].message) and "continue" in str(caught[0].message)
+    assert st.steps == 50 and step.ran == list(range(50))     # the robot never stopped acting
+    assert len(session.calls) == 10 and st.checkpoints == 10  # later capsules were still taken
+    assert st.checkpoint_failures == 3
+    assert st.last_checkpoint_error == "OSError: injected: no space left on device (call 7)"
+    assert st.misses == 0 and len(loop.timings()["checkpoint_stall_s"]) == 10
+    session.fail_on = {11}
+    with pytest.warns(RuntimeWarning, match="call 11"):      # each run warns on its first failure
+        assert loop.run(step, 10).checkpoint_failures == 1
+    session.fail_on = set()
+    st = loop.run(step, 10)                                   # a new run starts its counts afresh
+    assert st.checkpoint_failures == 0 and st.last_checkpoint_error is None

@@ -271,6 +271,13 @@ def test_onnx_policy_with_env_state_and_uint8_image(tmp_path):
     got = runner.step({"observation.state": s, "observation.environment_state": e,
                        "observation.images.front": img[None]})
     np.testing.assert_allclose(got, s + e + img.astype(np.float32).mean(), rtol=1e-6)
+    # every float input is checked for NaN / inf (uint8 images cannot hold one), naming its key
+    e_bad = e.copy()
+    e_bad[2] = np.nan
+    with pytest.raises(ValueError, match="'observation.environment_state'.*index 2"):
+        runner.step({"observation.state": s, "observation.environment_state": e_bad,
+                     "observation.images.front": img})
+    assert not np.isnan(runner.buffers.obs["observation.environment_state"].numpy()).any()
 
 
 # -- engine selection ----------------------------------------------------------------------------

@@ -189,3 +189,45 @@ def test_a_deferred_capsule_error_surfaces_at_the_next_checkpoint(tmp_path, monk
         with pytest.raises(OSError, match="disk on fire"):
             s.checkpoint()
         assert isinstance(s.checkpoint(), int)
+
+
+def test_control_loop_continue_survives_a_failed_background_write(tmp_path):
+    """on_checkpoint_error="continue": a write failure on the writer thread (disk full) reaches
+    the loop one capsule late; the robot keeps acting and later capsules are committed."""
+    import threading
+    import time
+    from capsule.control import ControlLoop, FakeClock
+    from capsule.store.errors import StoreIOError
+    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+        real_stage, real_discard = s._store.stage_epoch, s._store.discard_staged
+        armed, failed = threading.Event(), threading.Event()
+
+        def stage(*a, **kw):
+            if armed.is_set() and not failed.is_set():
+                raise StoreIOError("injected: no space left on device")
+            return real_stage(*a, **kw)
+
+        def discard(*a, **kw):
+            try:
+                return real_discard(*a, **kw)
+            finally:
+                failed.set()
+        s._store.stage_epoch, s._store.discard_staged = stage, discard
+
+        def step(tick: int) -> None:
+            s.act(_obs(tick))
+            if tick == 10:
+                armed.set()                        # the next write (capsule 6, after tick 11) fails
+            elif tick > 11:                        # let the writer record it before the next capsule
+                assert failed.wait(10)
+                time.sleep(0.01)
+
+        loop = ControlLoop(s, hz=100, checkpoint_every=2, clock=FakeClock(), on_checkpoint_error="continue")
+        with pytest.warns(RuntimeWarning, match="no space left"):
+            st = loop.run(step, steps=40)
+        assert st.steps == 40 and st.checkpoints == 20
+        assert st.checkpoint_failures == 1 and "were not committed" in st.last_checkpoint_error
+        s.flush()                                  # nothing pending: the failure was reported in the run
+        expect = s.act(_obs(40))
+    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:   # the last capsule
+        np.testing.assert_array_equal(s.act(_obs(40)), expect)                   # (after tick 39) holds

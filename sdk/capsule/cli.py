@@ -52,16 +52,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect import inspect_store
+    from .inspect import inspect_store, read_sign_key
 
-    print(inspect_store(args.store))
+    print(inspect_store(args.store, *read_sign_key(args.sign_key_file)))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .inspect import verify_store
+    from .inspect import read_sign_key, verify_store
 
-    ok, report = verify_store(args.store)
+    ok, report = verify_store(args.store, *read_sign_key(args.sign_key_file))
     print(report)
     return 0 if ok else 1
 
@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("verify", "read and check every record (exit 1 on damage)", _cmd_verify)):
         p = sub.add_parser(verb, parents=[common], help=what)
         p.add_argument("store", help="store folder")
+        p.add_argument("--sign-key-file", metavar="PATH", default=None,
+                       help="a signed store's key: a file (chmod 600) holding the key's raw bytes "
+                            "(default: $CAPSULE_SIGN_KEY_FILE)")
         p.set_defaults(func=func)
     return parser
 
@@ -164,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (CapsuleError, ValueError) as exc:
+    except (CapsuleError, ValueError, OSError) as exc:
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

@@ -24,6 +24,17 @@ Capsules: after every ``checkpoint_every`` steps the loop calls ``session.checkp
 call takes the capsule as it ends) on the control thread. That only stages host copies of the
 dirty pages (disk I/O and fsync run on the Session's writer thread); its stall is measured apart
 from the step's own time.
+
+Checkpoint failures (``on_checkpoint_error``): a background write failure (disk full, a
+StoreError / StoreIOError) is raised by the session's *next* checkpoint call, so it reaches the
+loop one capsule late. "raise" (default): the exception ends run() (stats() / timings() cover
+the steps before it). "continue": the loop keeps stepping past any Exception from checkpoint;
+it is counted in ``checkpoint_failures`` (with ``last_checkpoint_error``), the first one of a
+run is reported with one RuntimeWarning, and the next scheduled capsule is tried as usual. With a Session, the
+call that reports a failure takes no capsule itself, and the next one is a full capsule
+(standing on its own), so it may stall longer than a delta. ``checkpoints`` counts calls made,
+failed ones included. A write that fails after the run's last capsule is raised by the
+session's next checkpoint / flush / close, not by run().
 """
 from __future__ import annotations
 
@@ -32,6 +43,7 @@ import math
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -40,6 +52,7 @@ import numpy as np
 from .bench.timing import percentile
 
 ON_MISS = ("skip", "catch_up")
+ON_CHECKPOINT_ERROR = ("raise", "continue")
 MAX_HZ = 10_000.0
 _COLS = 4   # per-step record: start offset, scheduled offset, step duration, |start - scheduled|
 
@@ -108,6 +121,8 @@ class LoopStats:
     checkpoint_stall_p99_ms: float
     checkpoint_stall_max_ms: float
     misses_with_checkpoint: int     # misses on steps that took a checkpoint
+    checkpoint_failures: int = 0    # checkpoint calls that raised ("continue" mode; counted in checkpoints)
+    last_checkpoint_error: str | None = None   # "ExcType: message" of the latest such failure
 
 
 def _ms(values: np.ndarray, q: float) -> float:
@@ -118,13 +133,17 @@ class ControlLoop:
     """Calls step(tick) at hz on a deadline schedule; see the module docstring for the contract."""
 
     def __init__(self, session: Any, hz: float = 100.0, *, checkpoint_every: int = 0,
-                 clock: Clock | None = None, on_miss: str = "skip") -> None:
+                 clock: Clock | None = None, on_miss: str = "skip",
+                 on_checkpoint_error: str = "raise") -> None:
         if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz <= MAX_HZ:
             raise ValueError(f"hz must be a number > 0 and <= {MAX_HZ:g}, got {hz!r}")
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0 (0 = no capsules), got {checkpoint_every!r}")
         if on_miss not in ON_MISS:
             raise ValueError(f"on_miss must be one of {', '.join(map(repr, ON_MISS))}, got {on_miss!r}")
+        if not isinstance(on_checkpoint_error, str) or on_checkpoint_error not in ON_CHECKPOINT_ERROR:
+            raise ValueError(f"on_checkpoint_error must be one of {', '.join(map(repr, ON_CHECKPOINT_ERROR))}, "
+                             f"got {on_checkpoint_error!r}")
         if checkpoint_every and not callable(getattr(session, "checkpoint", None)):
             raise ValueError(f"checkpoint_every={checkpoint_every} needs a session with checkpoint(wait=False) "
                              f"(a capsule.Session), got {type(session).__name__}")
@@ -139,6 +158,7 @@ class ControlLoop:
         self.checkpoint_every = checkpoint_every
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.on_miss = on_miss
+        self.on_checkpoint_error = on_checkpoint_error
         self._stop = threading.Event()
         self._running = threading.Lock()
         self._reset(0)
@@ -148,6 +168,8 @@ class ControlLoop:
         self._stalls = np.zeros(capacity // self.checkpoint_every + 1 if self.checkpoint_every else 0)
         self._n = self._n_ckpt = 0
         self._misses = self._missed_ticks = self._misses_ckpt = 0
+        self._ckpt_failures = 0
+        self._ckpt_error: str | None = None
 
     def stop(self) -> None:
         """End the running loop after its current step (safe from any thread)."""
@@ -157,8 +179,10 @@ class ControlLoop:
             duration_s: float | None = None) -> LoopStats:
         """Run until `steps` steps were made, the schedule passed `duration_s`, or stop().
 
-        With neither limit it runs until stop(). An exception from step or checkpoint propagates;
-        stats() / timings() then cover the steps completed before it.
+        With neither limit it runs until stop(). An exception from step propagates, and so does
+        one from a checkpoint unless on_checkpoint_error="continue" (then it is counted in
+        stats().checkpoint_failures and warned about once per run); stats() / timings() then
+        cover the steps completed before it.
         """
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"steps must be an int >= 1 or None, got {steps!r}")
@@ -187,6 +211,7 @@ class ControlLoop:
         # hot path: locals only; per step a few float ops and scalar writes into preallocated arrays
         clock, period, every = self.clock, self.period_s, self.checkpoint_every
         skip, stop, session = self.on_miss == "skip", self._stop, self.session
+        keep_going = self.on_checkpoint_error == "continue"
         t0 = clock.now()
         tick = n = expected = 0
         while n != limit and not stop.is_set():
@@ -209,7 +234,12 @@ class ControlLoop:
             self._n = n   # published after the row is written: stats() from another thread stays consistent
             took_ckpt = every and n % every == 0
             if took_ckpt:
-                session.checkpoint(**self._ckpt_args)
+                try:
+                    session.checkpoint(**self._ckpt_args)
+                except Exception as exc:
+                    if not keep_going:
+                        raise
+                    self._checkpoint_failed(exc)
                 after = clock.now()
                 k = self._n_ckpt
                 if k == len(self._stalls):
@@ -231,6 +261,16 @@ class ControlLoop:
                     nxt = k
             tick = nxt
 
+    def _checkpoint_failed(self, exc: Exception) -> None:
+        """on_checkpoint_error="continue": count the failure; warn on the first of this run."""
+        self._ckpt_error = f"{type(exc).__name__}: {exc}"
+        self._ckpt_failures += 1
+        if self._ckpt_failures == 1:
+            warnings.warn(f"ControlLoop: a checkpoint failed ({self._ckpt_error}); the loop keeps running "
+                          "(on_checkpoint_error='continue') and retries at the next checkpoint_every step; "
+                          "further failures of this run are counted in stats().checkpoint_failures, "
+                          "not warned about", RuntimeWarning, stacklevel=4)
+
     def stats(self) -> LoopStats:
         """Summary of the current (or last) run."""
         n, k = self._n, self._n_ckpt
@@ -240,7 +280,8 @@ class ControlLoop:
             step_p50_ms=_ms(rec[:, 2], 50), step_p99_ms=_ms(rec[:, 2], 99), step_max_ms=_ms(rec[:, 2], 100),
             misses=self._misses, missed_ticks=self._missed_ticks, jitter_p99_ms=_ms(rec[:, 3], 99),
             checkpoints=k, checkpoint_stall_p50_ms=_ms(stalls, 50), checkpoint_stall_p99_ms=_ms(stalls, 99),
-            checkpoint_stall_max_ms=_ms(stalls, 100), misses_with_checkpoint=self._misses_ckpt)
+            checkpoint_stall_max_ms=_ms(stalls, 100), misses_with_checkpoint=self._misses_ckpt,
+            checkpoint_failures=self._ckpt_failures, last_checkpoint_error=self._ckpt_error)
 
     def timings(self) -> dict[str, list[float]]:
         """Raw per-step seconds: step_s, start_s and scheduled_s (offsets from the run's start),

@@ -17,6 +17,9 @@ from .doctor import FAILED, MISSING, OK, Check, NeedsPackage, exact_probe_tensor
 
 TOLERANCE = 1e-5
 ONNX_EXTRA = "pip install 'exec-capsules[onnx]'"
+# providers that onnxruntime lists but that run nothing on this machine (Azure calls a cloud
+# endpoint): not backends of a robot, so the doctor leaves them out
+NOT_LOCAL_PROVIDERS = frozenset({"AzureExecutionProvider"})
 
 
 def export_probe(work: Path) -> tuple[Path, np.ndarray, np.ndarray]:
@@ -66,7 +69,7 @@ def _run_provider(ort: Any, provider: str, path: Path, x: np.ndarray, want: np.n
 
 
 def probe_onnxruntime(work: Path) -> list[Check]:
-    """One line per available execution provider (CPU, CUDA, TensorRT, ...)."""
+    """One line per available local execution provider (CPU, CUDA, TensorRT, ...)."""
     try:
         import onnxruntime as ort
     except ImportError as exc:
@@ -75,7 +78,8 @@ def probe_onnxruntime(work: Path) -> list[Check]:
         path, x, want = export_probe(work)
     except NeedsPackage as exc:
         return [Check("onnxruntime", MISSING, ort.__version__, f"importable, but {exc}")]
-    return [_run_provider(ort, p, path, x, want) for p in ort.get_available_providers()]
+    return [_run_provider(ort, p, path, x, want) for p in ort.get_available_providers()
+            if p not in NOT_LOCAL_PROVIDERS]
 
 
 def _trt_run(trt: Any, path: Path, x: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import time
 import warnings
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from .errors import CapsuleCorrupt, StoreError
 from .store import Store
-from .store.errors import DamagedFactWarning
+from .store.errors import DamagedFactWarning, SigningKeyError
+from .store.store import holds_store
 
 # A memory fact's KV bytes start with memory/encode.py's FactKV header (kept in step there; only
 # the header is parsed here): magic, version, dtype code, L, T, KV, hd, crc32
@@ -19,19 +21,71 @@ _FACTKV_MAGIC, _FACTKV_VERSION = b"CPFACTKV", 1
 _FACTKV_ITEM_BYTES = {1: 4, 2: 2, 3: 2}     # dtype code -> bytes per element (float32, float16, bfloat16)
 
 
-def _open_existing(path: str | os.PathLike) -> Store:
-    if not Path(path).is_dir():
+SIGN_KEY_ENV = "CAPSULE_SIGN_KEY_FILE"
+_MAX_KEY_FILE = 1 << 20
+_KEY_HINT = f"give its key file with --sign-key-file PATH or the {SIGN_KEY_ENV} environment variable"
+
+
+def read_sign_key(option: str | None) -> tuple[bytes | None, str]:
+    """(key, where it came from) for inspect/verify: the file named by --sign-key-file, else by
+    $CAPSULE_SIGN_KEY_FILE, else (None, ""). The file holds the key's raw bytes (no trailing newline
+    is stripped); an empty, too short, or other-readable file is refused."""
+    if option:
+        path, source = option, f"--sign-key-file {option}"
+    elif os.environ.get(SIGN_KEY_ENV):
+        path = os.environ[SIGN_KEY_ENV]
+        source = f"{SIGN_KEY_ENV}={path}"
+    else:
+        return None, ""
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            key = f.read(_MAX_KEY_FILE + 1)
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read the signing key file ({source}): {exc.strerror or exc}; "
+                              f"give a readable file holding the key's raw bytes") from None
+    if len(key) > _MAX_KEY_FILE:
+        raise SigningKeyError(f"signing key file {path!r} ({source}) is over {_MAX_KEY_FILE} bytes; give "
+                              f"the file holding just the key's raw bytes")
+    if mode & 0o006:
+        raise SigningKeyError(f"signing key file {path!r} ({source}) can be read or written by other users "
+                              f"(mode {stat.S_IMODE(mode):04o}); restrict it: chmod 600 {path}")
+    if not key:
+        raise SigningKeyError(f"signing key file {path!r} ({source}) is empty; it must hold the key's raw "
+                              f"bytes, the sign_key the store was created with")
+    if len(key) < 16:
+        raise SigningKeyError(f"signing key file {path!r} ({source}) holds {len(key)} bytes; a signing key "
+                              f"is at least 16 bytes (the key's raw bytes, as the store was created with)")
+    return key, source
+
+
+def _open_existing(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> Store:
+    folder = Path(path)
+    if not folder.is_dir():
         raise StoreError(f"{str(path)!r} is not a capsule store folder")
-    return Store.open(path, create=False)
+    if not holds_store(folder):
+        raise StoreError(f"{str(path)!r} holds no capsule store (no index.sqlite or segment files); "
+                         f"give the folder a Session or Store wrote")
+    try:
+        return Store.open(folder, create=False, sign_key=sign_key)
+    except SigningKeyError as exc:
+        hint = f"the key came from {source}" if sign_key is not None else _KEY_HINT
+        raise SigningKeyError(f"{exc} ({hint})") from exc
+    except OSError as exc:  # e.g. EROFS / EACCES taking the LOCK
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StoreError(f"cannot open store {str(path)!r}: {exc.strerror or exc}{where}; inspect and verify "
+                         f"take the store's LOCK and recover it, so they need write access to the folder "
+                         f"(on a read-only disk, copy the folder to a writable one)") from exc
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
 
 
-def inspect_store(path: str | os.PathLike) -> str:
-    """Epochs, sizes, and for the newest epoch its fingerprints, regions and streams."""
-    with _open_existing(path) as store:
+def inspect_store(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> str:
+    """Epochs, sizes, and for the newest epoch its fingerprints, regions and streams.
+    sign_key: a signed store's key (source: where it came from, for messages)."""
+    with _open_existing(path, sign_key, source) as store:
         stats = store.stats()
         epochs = store.epochs()
         lines = [f"store {path}: {len(epochs)} epoch(s), {stats['segments']} segment(s), "
@@ -65,10 +119,11 @@ def inspect_store(path: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-def verify_store(path: str | os.PathLike) -> tuple[bool, str]:
+def verify_store(path: str | os.PathLike, sign_key: bytes | None = None,
+                 source: str = "") -> tuple[bool, str]:
     """Read and check every record, and every memory fact (its row, its text binding, its FactKV
-    header against the row); (ok, report)."""
-    with _open_existing(path) as store:
+    header against the row); (ok, report). sign_key, source: as for inspect_store."""
+    with _open_existing(path, sign_key, source) as store:
         report = store.verify()
         damaged = _fact_damage(store, set(report.facts_bad))
     ok = report.ok and not damaged

@@ -25,7 +25,14 @@ class PolicyMethods:
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
         """One action (A,) for this tick: served from the action queue when the policy emitted
         a chunk, else from one policy step (``observation.state`` and any other inputs the
-        policy declares, numpy or torch, with or without the batch dimension)."""
+        policy declares, numpy or torch, with or without the batch dimension).
+
+        Raises ValueError, before anything changes (no engine call, no hidden-state update, no
+        queue move; the same on every engine), when the observation is not a mapping of str keys
+        to the declared inputs, has a wrong shape or dtype, or holds a non-finite value (NaN or
+        +-inf: the message names the key and the first bad index). Observations served from the
+        queue are checked too. Cost: host arrays (numpy, CPU tensors) are checked without
+        allocating; a CUDA tensor is checked on its device with one extra host sync per step."""
         with self._policy_lock:
             return self._policy().act(observation)
 

@@ -2,10 +2,11 @@
 
 A policy that emits a chunk (T, A) is run only when the queue is empty; its actions are then
 served one per ``act`` call, in order (observations given meanwhile are not used, as in
-LeRobot). The queued actions live in a static buffer registered with role "policy", like the
-policy's hidden state, and the queue's cursor is host state (``state`` / ``load_state``, range
-checked on restore), so a capsule taken mid-episode carries all of it and a restore continues
-the same action sequence.
+LeRobot, but still validated: a bad or non-finite one raises before the queue moves). The
+queued actions live in a static buffer registered with role "policy", like the policy's hidden
+state, and the queue's cursor is host state (``state`` / ``load_state``, range checked on
+restore), so a capsule taken mid-episode carries all of it and a restore continues the same
+action sequence.
 
 Threading: not thread-safe; the Session serializes calls.
 """
@@ -41,8 +42,14 @@ class Actor:
         return self.n - self.served
 
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """The next action (A,): from the queue, or from one policy step when it is empty."""
-        if self.served >= self.n:
+        """The next action (A,): from the queue, or from one policy step when it is empty.
+
+        Every call validates the observation first (ValueError on a bad key, shape, dtype or a
+        non-finite value), so a rejected one changes neither the queue nor the hidden state.
+        """
+        if self.served < self.n:
+            self.runner.check_observation(observation)   # not used, but a failed sensor must show
+        else:
             out = self.runner.step(observation)                         # (T, A) or (A,)
             chunk = out.reshape(self.chunk_len, self.action_dim)
             self.queue.copy_(torch.from_numpy(np.ascontiguousarray(chunk)))

@@ -66,14 +66,20 @@ class PolicyRunner:
     def step(self, observation: Mapping[str, Any]) -> np.ndarray:
         """One policy step: observation -> action shaped spec.action_shape (a new array).
 
-        Raises ValueError naming the key on a missing/unknown key or a wrong shape/dtype; the
-        buffers are untouched then. Recurrent policies carry buffers.hidden to the next step.
+        Raises ValueError naming the key on a missing/unknown/non-str key, a wrong shape/dtype
+        or a non-finite value (NaN, inf: naming the first index); the buffers are untouched and
+        the engine does not run then. Recurrent policies carry buffers.hidden to the next step.
+        A CUDA tensor observation costs one extra host sync for its finiteness check.
         """
         self._obs.load(observation)          # validate, then copy into the static obs buffers
         self.engine.run()                    # obs, hidden -> action, hidden (in place)
         if self._action_host is not self._action_src:
             self._action_host.copy_(self._action_src)   # synchronous D2H into pinned memory
         return self._action_np.copy()        # the only allocation of a step: the caller's array
+
+    def check_observation(self, observation: Mapping[str, Any]) -> None:
+        """Validate an observation as step would (keys, shape, dtype, finite), changing nothing."""
+        self._obs.check(observation)
 
     def reset_state(self) -> None:
         """Start a new episode: hidden <- zeros, in place (same storage; graphs stay valid)."""

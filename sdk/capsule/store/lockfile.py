@@ -2,38 +2,172 @@
 
 flock locks belong to the open file description and vanish when the holder dies (even by
 SIGKILL), so a crashed writer never leaves a stale lock behind.
+
+A failed open of a new store removes what it created, LOCK included (lock_folder): acquire()
+therefore checks, once it holds the flock, that its file is still the one at `path`, and retries
+if the file was unlinked (or replaced) meanwhile, so two openers never lock two different files.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .errors import StoreLocked
+
+# (st_dev, st_ino) of each LOCK this process holds -> the pid that took it (a forked child
+# inherits the dict but is another process)
+_held: dict[tuple[int, int], int] = {}
 
 
 def acquire(path: Path) -> int:
     """Take the lock or raise StoreLocked; returns the fd to pass to release()."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    for _ in range(100):
+        fd, created = _open(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _locked(path, fd) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            st = os.fstat(fd)
+            if not _is_current(path, st):
+                os.close(fd)    # unlinked by a failed opener after we opened it: lock the new file
+                continue
+            # the pid is only a hint for the message in _locked; the flock is what excludes
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            if created:         # e.g. ENOSPC writing the pid: leave no LOCK behind (we hold it)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            os.close(fd)
+            raise
+        _held[(st.st_dev, st.st_ino)] = os.getpid()
+        return fd
+    raise StoreLocked(f"capsule store {path.parent}: its LOCK file keeps being replaced by another "
+                      f"process; stop the processes opening this store folder and try again")
+
+
+def _open(path: Path) -> tuple[int, bool]:
+    """(fd, whether this call created the file)."""
+    flags = os.O_RDWR | os.O_CLOEXEC
+    while True:
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, flags), False
+        except FileNotFoundError:   # unlinked in between: try to create it again
+            continue
+
+
+def _is_current(path: Path, st: os.stat_result) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _locked(path: Path, fd: int) -> StoreLocked:
+    """The error for a LOCK held elsewhere (closes fd): this process or which other one."""
+    try:
+        st = os.fstat(fd)
+        mine = _held.get((st.st_dev, st.st_ino)) == os.getpid()
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    finally:
         os.close(fd)
-        raise StoreLocked(f"capsule store {path.parent} is open for writing in another process (pid "
-                          f"{holder} holds {path}); close that Session/process first, or use another "
-                          f"store folder") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    # the pid is only a hint for the message above; the flock is what excludes
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    if mine:
+        return StoreLocked(f"capsule store {path.parent} is already open in this process: close the "
+                           f"other Session (or Store) first")
+    return StoreLocked(f"capsule store {path.parent} is open for writing in another process (pid "
+                       f"{holder} holds {path}); close that Session/process first, or use another "
+                       f"store folder")
 
 
-def release(fd: int) -> None:
+def release(fd: int, *, unlink: Path | None = None) -> None:
+    """Drop the lock; unlink: the LOCK file's path, removed first (while still held)."""
     try:
+        st = os.fstat(fd)
+        if _held.get((st.st_dev, st.st_ino)) == os.getpid():
+            del _held[(st.st_dev, st.st_ino)]
+        if unlink is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(unlink)
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@dataclass
+class FolderLock:
+    """A store folder's held LOCK, and what to remove if the open fails (see lock_folder)."""
+    path: Path
+    fd: int
+    made: list[Path]            # folders mkdir created, deepest first
+    lock_created: bool
+    owned: tuple[str, ...]      # the names (files, or folders with all they hold) the store makes
+    before: set[str] | None     # those present before the open, when the store was new; None: not new
+
+    def abandon(self) -> None:
+        """Release after a failed open; for a new store, first remove the owned entries it added."""
+        if self.before is None:
+            release(self.fd)
+            return
+        for name in sorted(_entries(self.path, self.owned) - self.before, reverse=True):  # a/x before a
+            target = self.path / name
+            with contextlib.suppress(OSError):
+                if target.is_dir() and not target.is_symlink():
+                    target.rmdir()
+                else:
+                    target.unlink()
+        release(self.fd, unlink=self.path / "LOCK" if self.lock_created else None)
+        _remove_dirs(self.made)
+
+
+def lock_folder(path: Path, *, is_new: Callable[[], bool], owned: tuple[str, ...]) -> FolderLock:
+    """Create the folder if needed (0700) and take its LOCK. is_new is asked under the lock:
+    when True, FolderLock.abandon removes the folders mkdir made, the LOCK if this call made it,
+    and the `owned` entries the open added (nothing else: the folder may hold the user's files)."""
+    made = []
+    p = path
+    while not p.exists() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock_existed = (path / "LOCK").exists()
+        fd = acquire(path / "LOCK")
+    except BaseException:
+        _remove_dirs(made)  # only those still empty
+        raise
+    try:
+        before = _entries(path, owned) if is_new() else None
+    except BaseException:
+        release(fd)
+        raise
+    return FolderLock(path, fd, made, not lock_existed, owned, before)
+
+
+def _entries(path: Path, owned: tuple[str, ...]) -> set[str]:
+    """The owned names present in the folder and, as "sub/name", what the owned subfolders hold."""
+    names = {n for n in owned if os.path.lexists(path / n)}
+    for n in list(names):
+        if (path / n).is_dir() and not (path / n).is_symlink():
+            names |= {f"{n}/{m}" for m in os.listdir(path / n)}
+    return names
+
+
+def _remove_dirs(dirs: list[Path]) -> None:
+    for d in dirs:  # deepest first; rmdir refuses a folder that holds anything
+        try:
+            d.rmdir()
+        except OSError:
+            return

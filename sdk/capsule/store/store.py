@@ -33,6 +33,10 @@ from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
 
+# what a store puts in its folder besides LOCK (a failed open of a new store removes them again)
+_OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal")
+
+
 class Store(FactsMixin):
     """A durable, crash-consistent, append-only page store (bytes in, bytes out), which also keeps
     memory facts (add_fact, fact_kv, search_facts, ...: see facts.py). Use Store.open."""
@@ -59,8 +63,8 @@ class Store(FactsMixin):
             raise StoreError(f"store path {str(path)!r} is a regular file; give a folder path")
         if not create and not (path / "index.sqlite").exists() and not (path / "segments").exists():
             raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock_fd = lockfile.acquire(path / "LOCK")
+        # a failed open of a NEW store removes what it added (folder, LOCK, index files, segments/)
+        folder = lockfile.lock_folder(path, is_new=lambda: not holds_store(path), owned=_OWNED)
         try:
             seg_dir = path / "segments"
             seg_dir.mkdir(mode=0o700, exist_ok=True)
@@ -68,7 +72,7 @@ class Store(FactsMixin):
             index = Index.open(path / "index.sqlite", create=create, segments_exist=bool(files))
             try:
                 _check_signing(path, index, sealer)
-                store = cls(path, index, sealer, fs or FileOps(), segment_bytes, lock_fd)
+                store = cls(path, index, sealer, fs or FileOps(), segment_bytes, folder.fd)
                 store._recover()
                 return store
             except OSError as exc:
@@ -78,7 +82,7 @@ class Store(FactsMixin):
                 index.close()
                 raise
         except BaseException:
-            lockfile.release(lock_fd)
+            folder.abandon()
             raise
 
     def close(self) -> None:
@@ -270,3 +274,11 @@ def _check_signing(path: Path, index: Index, sealer: Sealer) -> None:
         raise SigningKeyError(f"store {path} was created without signing; open it without sign_key")
     if sealer.signed and sealer.key_check(meta["store_id"]) != meta.get("key_check"):
         raise SigningKeyError(f"sign_key is not the key store {path} was created with")
+
+
+def holds_store(path: Path) -> bool:
+    """Whether the folder holds a store's data (a non-empty index or a segment file)."""
+    index = path / "index.sqlite"
+    if index.exists() and index.stat().st_size > 0:
+        return True
+    return (path / "segments").is_dir() and bool(list_segment_files(path / "segments"))
