@@ -102,3 +102,39 @@ def test_a_background_capsule_is_made_durable_at_exit_without_close(tmp_path):
     epoch = int(res.stdout.strip().splitlines()[-1])
     with _open(path) as s:
         assert s.restored_epoch == epoch == 2
+
+
+FORK_CHILD = textwrap.dedent("""
+    import os, sys
+    from capsule import Session
+    s = Session.open(sys.argv[1], device="cpu", runtime={"kv_pool_mb": 8, "max_context": 1024})
+    s.append("hello")
+    s.checkpoint()
+    pid = os.fork()
+    if pid == 0:
+        s.append(" from the child")
+        sys.exit(0)             # the child's interpreter exit must not close the parent's store
+    os.waitpid(pid, 0)
+    import fcntl
+    fd = os.open(os.path.join(sys.argv[1], "LOCK"), os.O_RDWR)
+    try:                        # the parent still holds the store's lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        print("lock free")
+    except BlockingIOError:
+        print("lock held")
+    os.close(fd)
+    s.append(" world")
+    print(s.checkpoint())
+    s.close()
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_closes_its_parents_session_at_exit(tmp_path):
+    path = tmp_path / "s"
+    res = subprocess.run([sys.executable, "-c", FORK_CHILD, str(path)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-2:] == ["lock held", "2"]
+    with _open(path) as s:
+        assert s.restored_epoch == 2 and s.text() == "hello world"

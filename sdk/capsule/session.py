@@ -60,7 +60,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         self._closed = False
         # a capsule taken with wait=False is durable once written: if the app exits without
         # close(), close at interpreter exit (the writer is a daemon thread) instead of losing it
-        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
         atexit.register(self._at_exit)
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -262,10 +262,10 @@ def _store_path(path: str | os.PathLike) -> Path:
     return store_path
 
 
-def _close_at_exit(ref: "weakref.ref[Session]") -> None:
+def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:
     session = ref()
-    if session is None or session._closed:
-        return
+    if session is None or session._closed or os.getpid() != pid:
+        return   # a forked child's copy never writes into its parent's store
     try:
         session.close()
     except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to
