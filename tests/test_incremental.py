@@ -332,3 +332,22 @@ def test_differential_slice(freeze, monkeypatch):
         assert c["checks"] == 400 and c["divergences"] == 0, (fam, out["divergences"][:3])
         assert c["windows"] > 300
     assert out["divergences"] == []
+
+
+@pytest.mark.parametrize("pre", ["bytelevel", "prefix", "none"])
+def test_unverified_byte_level_layouts_fall_back_to_full_mode(tmp_path, pre):
+    # the GPT-2 layout (a plain ByteLevel pre-tokenizer), with add_prefix_space, or none at all:
+    # not in the verified set, so every append re-encodes in full: slower, still exact
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    if pre != "none":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=pre == "prefix")
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["hello world, the red cup is in bay 2"] * 20, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    inc = IncrementalTokenizer.from_family(tmp_path, shadow_rate=0.0)
+    assert inc.full_mode and "pre-tokenizer" in inc.full_reason
+    for part in ["hello ", "wor", "ld", ", the red", " cup\n", "x"]:
+        inc.append(part)
+        assert inc.ids == inc.reference.encode(inc.text)

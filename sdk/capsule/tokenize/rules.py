@@ -84,6 +84,8 @@ def rules_for(ref: Any) -> tuple[Rules | None, str]:
         return None, "added tokens with lstrip/rstrip/single_word"
     first = [t["content"] for t in added if not t.get("normalized")]
     splits = _splits(meta.get("pre_tokenizer"))
+    if splits is None:   # e.g. a plain ByteLevel (GPT-2 layout): exact, by full re-encoding
+        return None, "pre-tokenizer not in the verified set"
     if splits == list(DEEPSEEK_SPLITS):
         return _make("spans", True, True, bool(norm), None, specials, first), ""
     if len(splits) == 1 and splits[0] in PATTERNS:
