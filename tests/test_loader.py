@@ -91,3 +91,29 @@ def test_bad_config_values():
         ModelConfig.from_hf({"model_type": "llama", "vocab_size": 10})
     with pytest.raises(UnsupportedArchitecture, match="sliding-window"):
         ModelConfig.from_hf({"model_type": "qwen2", "use_sliding_window": True})
+
+
+def test_only_the_checkpoints_own_weight_files_are_read(tmp_path):
+    import json
+    import shutil
+    folder = make_checkpoint("llama", tmp_path / "one")
+    other = make_checkpoint("qwen2", tmp_path / "two", seed=3)
+    want, _ = load_model(folder)
+    # a stray file next to model.safetensors is not part of the checkpoint (as in transformers)
+    shutil.copy(other / "model.safetensors", folder / "zz_other.safetensors")
+    got, _ = load_model(folder)
+    assert all(torch.equal(t, got.w[n]) for n, t in want.w.items())
+    # without model.safetensors every file is read, and a tensor in two of them is refused
+    (folder / "model.safetensors").rename(folder / "a.safetensors")
+    with pytest.raises(ModelLoadError, match="more than one"):
+        load_model(folder)
+    # an index may only name files inside the folder
+    (folder / "zz_other.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "../two/model.safetensors"}}))
+    with pytest.raises(ModelLoadError, match="outside the folder"):
+        load_model(folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "b.safetensors"}}))
+    with pytest.raises(ModelLoadError, match="lacks weight files its index lists"):
+        load_model(folder)

@@ -51,7 +51,13 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         cfg, files = _inspect_folder(folder)
         weights = {}
         for f in files:
-            weights.update(read_safetensors(f))
+            part = read_safetensors(f)
+            twice = sorted(weights.keys() & part.keys())
+            if twice:   # never let one file silently override another's tensors
+                raise ModelLoadError(f"tensor {twice[0]!r} (and {len(twice) - 1} more) is in more than one "
+                                     f"weight file of {folder} ({f.name} among them); keep one checkpoint "
+                                     "per folder")
+            weights.update(part)
         tok = folder / "tokenizer.json"
         info = ModelInfo(str(folder.resolve()), weights_digest(files),
                          str(tok) if tok.is_file() else None, untrained=False)
@@ -78,15 +84,22 @@ def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"{index} is malformed: {exc}") from None
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or s in ("", ".", "..")]
+        if bad:   # the index is input: it must not reach files outside the folder
+            raise ModelLoadError(f"{index} names weight files outside the folder: {bad[:3]}")
         files = [folder / s for s in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder} lacks weight files its index lists: {missing[:5]}")
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]   # as transformers: other .safetensors files are not weights
     else:
         files = sorted(folder.glob("*.safetensors"))
-    missing = [str(f) for f in files if not f.is_file()]
-    if not files or missing:
-        raise ModelLoadError(f"{folder} has no weights: missing {missing or '*.safetensors'} "
-                             "(only safetensors checkpoints are supported, not .bin)")
+    if not files:
+        raise ModelLoadError(f"{folder} has no weights: no *.safetensors file (only safetensors "
+                             "checkpoints are supported, not .bin)")
     return cfg, files
 
 
