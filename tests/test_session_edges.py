@@ -138,3 +138,21 @@ def test_a_forked_child_never_closes_its_parents_session_at_exit(tmp_path):
     assert res.stdout.strip().splitlines()[-2:] == ["lock held", "2"]
     with _open(path) as s:
         assert s.restored_epoch == 2 and s.text() == "hello world"
+
+
+def test_a_character_split_across_replies_is_completed_by_the_next(tmp_path, monkeypatch):
+    from capsule.llm.engine import Engine
+    pieces = iter([b"\xc3", b"\xa9", b"!", b"\xe2\x82", b"\xac", b"\xf0\x9f"])
+    monkeypatch.setattr(Engine, "_sample", lambda self, logits, params, gens: [(5, next(pieces)) for _ in gens])
+    with _open(tmp_path / "s") as s:
+        s.append("price:")
+        assert s.generate(1) == ""                    # the first byte of 'é' waits
+        s.checkpoint()                                # ... in the capsule too
+    with _open(tmp_path / "s") as s:
+        assert s.generate(1) == "é" and s.generate(1) == "!"
+        assert s.generate(1) == "" and s.generate(1) == "€"
+        assert s.text() == "price:é!€"
+        assert s.generate(1) == ""                    # half an emoji, then the user speaks
+        s.append(" ok")
+        assert s.text() == "price:é!€\ufffd ok"
+        assert s.tokens() == s.tokenizer.encode(s.text())

@@ -20,7 +20,7 @@ from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator, sample_rows
-from .streams import Stream, check_stream_name, common_prefix
+from .streams import Stream, check_stream_name, common_prefix, split_incomplete
 
 
 MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)
@@ -56,17 +56,19 @@ class Engine:
             raise ValueError(f"stream {name!r} already holds conversation text or memory; system "
                              "text goes first (append it before anything else)")
         tok = self._tokenizer_of(s)
-        tok.append(s.pending + text)            # generated text joins the canonical text here
+        # a reply that ended inside a character: its bytes join the text now, as U+FFFD
+        flushed = s.tail.decode("utf-8", errors="replace")
+        tok.append(s.pending + flushed + text)  # generated text joins the canonical text here
         if s.table.slot_end(tok.num_tokens) > self.runner.max_context:
             n = s.table.slot_end(tok.num_tokens)
             tok.reset(s.text[:len(s.text) - len(s.pending)])   # undo (error path: a full encode)
             raise ValueError(f"stream {name!r} would span {n} positions; max_context is "
                              f"{self.runner.max_context} (raise runtime.max_context)")
         ids = tok.ids
-        generated_since = bool(s.pending)
+        generated_since = bool(s.pending or s.tail)
         self.streams[name] = s
         s.table.truncate(common_prefix(s.ids, ids))  # a re-tokenized seam invalidates the K/V after it
-        s.text, s.ids, s.pending = s.text + text, ids, ""
+        s.text, s.ids, s.pending, s.tail = s.text + flushed + text, ids, "", b""
         if system:
             s.system_chars = len(s.text)
         else:
@@ -174,7 +176,8 @@ class Engine:
                                  f"{max_new_tokens} more exceed max_context {self.runner.max_context}")
         for s in streams:
             self._prepare_generator(s, params, seed)
-        out = {s.name: bytearray() for s in streams}
+        # a character the last reply ended inside is completed by this one (s.tail)
+        out = {s.name: bytearray(s.tail) for s in streams}
         eos = set(self.tokenizer.eos_ids)
         texts: dict[str, str] = {}
         try:
@@ -183,7 +186,8 @@ class Engine:
             # ids and text move together even when a step fails midway; the generated text
             # reaches the incremental tokenizer with the next append
             for s in streams:
-                texts[s.name] = piece = out[s.name].decode("utf-8", errors="replace")
+                complete, s.tail = split_incomplete(bytes(out[s.name]))
+                texts[s.name] = piece = complete.decode("utf-8", errors="replace")
                 s.text += piece
                 s.pending += piece
         # a session restored from a capsule has not needed the encoder yet: build it while the
