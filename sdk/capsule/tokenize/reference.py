@@ -60,11 +60,32 @@ class ReferenceTokenizer:
         return self._parts.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; a partial UTF-8 sequence becomes U+FFFD."""
+        """``decode_bytes(ids)`` as text; a partial UTF-8 sequence becomes U+FFFD."""
         return self._parts.decode_bytes(ids).decode("utf-8", "replace")
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        """Raw bytes of ``ids`` (special tokens as their UTF-8 text), for streaming decode."""
+        """Raw bytes of ``ids``, token by token, for streaming decode.
+
+        Always ``decode_bytes(ids) == b"".join(decode_bytes([i]) for i in ids)``: each token has
+        one byte string, whatever comes before or after it, so a reply decoded one token at a
+        time equals the reply decoded at once. Added and special tokens give their own text.
+
+        - Byte-level BPE (tiktoken families, tokenizer.json with a ByteLevel decoder): each
+          token's exact bytes; a character split over tokens assembles across them.
+        - Other tokenizer.json decoders (SentencePiece style: a Metaspace decoder, or the
+          Llama-2 Replace("▁", " ") + ByteFallback + Fuse + Strip sequence; WordPiece): a
+          token's text as a *continuation* of earlier text, i.e. what the file's decoder adds
+          when the token follows other tokens: "▁world" -> b" world", "##ld" -> b"ld". A
+          byte-fallback piece ``<0xNN>`` (decoder with ByteFallback) is that single raw byte,
+          so a multi-byte character assembles across its pieces. The leading space of the
+          first token is kept, as a reply continues its prompt; tokenizers' own
+          ``decode(ids)`` drops it (Metaspace prepend, Strip), so there ``decode`` of a whole
+          prompt is that text with one more leading space. Decoders whose output for a token
+          depends on its neighbours beyond the first position (a BPE ``</w>`` suffix decoder,
+          CTC, WordPiece's cleanup of spaces between tokens) are approximated by these
+          per-token texts; and where tokenizers' ByteFallback turns a whole run of byte
+          pieces that is not valid UTF-8 into U+FFFD per piece, these bytes stay raw.
+        """
         return self._parts.decode_bytes(ids)
 
     def piece_spans(self, text: str) -> list[tuple[int, int]] | None:
@@ -110,7 +131,11 @@ class ReferenceTokenizer:
 
     @property
     def byte_level(self) -> bool:
-        """True when ``decode_bytes`` is exact per token (byte-level BPE)."""
+        """True for byte-level BPE: each token is a fixed byte string that any decoder gives.
+
+        False for other tokenizer.json decoders, whose ``decode_bytes`` are per-token
+        continuation texts (see ``decode_bytes``).
+        """
         return self._parts.byte_level
 
     @property
