@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TokenizerError
+from .sp_decode import continuation_text, fallback_byte, has_decoder
 from .sources import package_dir
 
 # Texts of tokens that end a generation in common chat formats; used where no config names one.
@@ -206,57 +207,6 @@ def _is_byte_level(decoder: Any) -> bool:
     return isinstance(decoder, dict) and decoder.get("type") == "ByteLevel"
 
 
-def _has_decoder(decoder: Any, kind: str) -> bool:
-    if isinstance(decoder, dict) and decoder.get("type") == "Sequence":
-        return any(_has_decoder(d, kind) for d in decoder.get("decoders") or ())
-    return isinstance(decoder, dict) and decoder.get("type") == kind
-
-
-def _fallback_byte(piece: str) -> bytes | None:
-    """The byte of a byte-fallback piece ``<0xNN>``, read as tokenizers' ByteFallback does."""
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        hex_ = piece[3:5]
-        if all(c in "0123456789abcdefABCDEF" for c in hex_):
-            return bytes([int(hex_, 16)])
-    return None
-
-
-def _continuation_text(tok: Any, added: Mapping[int, str], max_id: int,
-                       byte_fallback: bool) -> Callable[[list[int]], list[str]]:
-    """Texts of ids decoded one by one as continuations of earlier text (non-byte-level decoders).
-
-    tokenizers' own decoders treat the first token of a sequence apart (Metaspace drops its
-    leading space, a Strip decoder the first character of the fused text), so each id is decoded
-    after a fixed context token whose text is then cut off: a token's text is what the decoder
-    adds to what came before it, e.g. "▁world" -> " world" (Replace/Metaspace) and "##ld" -> "ld"
-    (WordPiece).
-    """
-    def plain(ids: list[int]) -> list[str]:
-        return [tok.decode([i], skip_special_tokens=False) for i in ids]
-
-    ctx: int | None = None
-    head = ""
-    for i in range(min(max_id + 1, 1 << 16)):   # the lowest id of a plain word-like token
-        piece = tok.id_to_token(i)
-        if i in added or piece is None or (byte_fallback and _fallback_byte(piece) is not None):
-            continue
-        text = tok.decode([i], skip_special_tokens=False)
-        if text.isalnum():
-            ctx, head = i, text
-            break
-    if ctx is None:   # no such token: out-of-context texts (a leading space may be lost)
-        return plain
-
-    def texts(ids: list[int]) -> list[str]:
-        fulls = tok.decode_batch([[ctx, i] for i in ids], skip_special_tokens=False)
-        out = [f[len(head):] if f.startswith(head) else None for f in fulls]
-        if None in out:   # a decoder that rewrote the context: the token on its own
-            out = [o if o is not None else plain([i])[0] for o, i in zip(out, ids)]
-        return out
-
-    return texts
-
-
 def _config_eos(path: Path) -> list[str]:
     # tokenizer_config.json is optional and only adds eos candidates, so a bad one is ignored.
     try:
@@ -295,7 +245,7 @@ def tokenizer_json(path: Path, name: str) -> Parts:
             raise ValueError(msg) from exc
 
     byte_level = _is_byte_level(meta.get("decoder"))
-    byte_fallback = _has_decoder(meta.get("decoder"), "ByteFallback")
+    byte_fallback = has_decoder(meta.get("decoder"), "ByteFallback")
     alphabet = _byte_alphabet()
     memo: dict[int, bytes] = {}   # id -> bytes; racing writers store equal values
     texts: list[Callable[[list[int]], list[str]]] = []   # built on the first decode
@@ -312,7 +262,7 @@ def tokenizer_json(path: Path, name: str) -> Parts:
                 return bytes([alphabet[c] for c in s])
             except KeyError:   # as tokenizers' ByteLevel decoder: off-alphabet = own text
                 return s.encode("utf-8")
-        return _fallback_byte(s) if byte_fallback else None
+        return fallback_byte(s) if byte_fallback else None
 
     def decode_bytes(ids: Sequence[int]) -> bytes:
         try:
@@ -328,7 +278,7 @@ def tokenizer_json(path: Path, name: str) -> Parts:
                             memo[i] = b
                 if missing:
                     if not texts:
-                        texts.append(_continuation_text(tok, added, max_id, byte_fallback))
+                        texts.append(continuation_text(tok, added, max_id, byte_fallback))
                     for i, t in zip(missing, texts[0](list(missing))):
                         memo[i] = t.encode("utf-8")
                 out = [memo[i] for i in ids]
