@@ -201,8 +201,8 @@ def test_verify_reads_the_factkv_header_as_memory_writes_it():
     from capsule import inspect as cli_inspect
     from capsule.memory import encode
 
-    assert cli_inspect._FACTKV_HEADER.format == encode._HEADER.format
-    assert (cli_inspect._FACTKV_MAGIC, cli_inspect._FACTKV_VERSION) == (encode._MAGIC, encode._VERSION)
+    assert cli_inspect._FACTKV_HEADER.format == encode.HEADER.format
+    assert (cli_inspect._FACTKV_MAGIC, cli_inspect._FACTKV_VERSION) == (encode.MAGIC, encode.VERSION)
     assert cli_inspect._FACTKV_ITEM_BYTES == {code: torch.empty(0, dtype=dt).element_size()
                                               for code, (dt, _, _) in encode._DTYPES.items()}
     kv = encode.FactKV(torch.ones(2, 3, 1, 4, dtype=torch.float16), torch.zeros(2, 3, 1, 4, dtype=torch.float16))

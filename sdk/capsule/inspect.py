@@ -4,22 +4,22 @@ from __future__ import annotations
 import json
 import os
 import stat
-import struct
 import time
 import warnings
 from pathlib import Path
 
 from .errors import CapsuleCorrupt, StoreError
+from .memory.encode import HEADER as _FACTKV_HEADER
+from .memory.encode import ITEM_BYTES as _FACTKV_ITEM_BYTES
+from .memory.encode import MAGIC as _FACTKV_MAGIC
+from .memory.encode import VERSION as _FACTKV_VERSION
 from .store import Store
 from .store.errors import DamagedFactWarning, SigningKeyError
 from .store.store import holds_store
 
-# A memory fact's KV bytes start with memory/encode.py's FactKV header (kept in step there; only
-# the header is parsed here): magic, version, dtype code, L, T, KV, hd, crc32
-_FACTKV_HEADER = struct.Struct("<8sHHIIIII")
-_FACTKV_MAGIC, _FACTKV_VERSION = b"CPFACTKV", 1
-_FACTKV_ITEM_BYTES = {1: 4, 2: 2, 3: 2}     # dtype code -> bytes per element (float32, float16, bfloat16)
-
+# A memory fact's KV bytes start with the FactKV header of memory/encode.py (its format constants
+# are imported, not copied; only the header is parsed here): magic, version, dtype code, L, T,
+# KV, hd, crc32
 
 SIGN_KEY_ENV = "CAPSULE_SIGN_KEY_FILE"
 _MAX_KEY_FILE = 1 << 20

@@ -18,11 +18,11 @@ from edge_kernels.rope import check_reinjectable
 
 from ..llm.model import Decoder
 
-_MAGIC = b"CPFACTKV"
-_VERSION = 1
+MAGIC = b"CPFACTKV"
+VERSION = 1
 # magic, version, dtype code, L, T, KV, hd, crc32 (of the header before it + the payload)
-_HEADER = struct.Struct("<8sHHIIIII")
-_CRC_AT = _HEADER.size - 4
+HEADER = struct.Struct("<8sHHIIIII")
+_CRC_AT = HEADER.size - 4
 # code -> (torch dtype, same-size int dtype for raw bytes, little-endian numpy int dtype)
 _DTYPES: dict[int, tuple[torch.dtype, torch.dtype, str]] = {
     1: (torch.float32, torch.int32, "<i4"),
@@ -30,6 +30,8 @@ _DTYPES: dict[int, tuple[torch.dtype, torch.dtype, str]] = {
     3: (torch.bfloat16, torch.int16, "<i2"),
 }
 _CODES = {dt: code for code, (dt, _, _) in _DTYPES.items()}
+# code -> bytes per element: what a reader checking only headers (capsule verify) needs
+ITEM_BYTES = {code: int(le[-1]) for code, (_, _, le) in _DTYPES.items()}
 
 
 class FactKV:
@@ -81,7 +83,7 @@ class FactKV:
         _, int_dt, le = _DTYPES[code]
         payload = b"".join(t.contiguous().view(int_dt).numpy().astype(le, copy=False).tobytes()
                            for t in (self.k_pre, self.v))
-        head = _HEADER.pack(_MAGIC, _VERSION, code, L, T, KV, hd, 0)[:_CRC_AT]
+        head = HEADER.pack(MAGIC, VERSION, code, L, T, KV, hd, 0)[:_CRC_AT]
         crc = zlib.crc32(payload, zlib.crc32(head))
         return head + struct.pack("<I", crc) + payload
 
@@ -100,13 +102,13 @@ class FactKV:
         if not mv.c_contiguous:
             raise ValueError("fact KV data must be a contiguous buffer")
         mv = mv.cast("B")
-        if len(mv) < _HEADER.size:
-            raise ValueError(f"fact KV data is truncated: {len(mv)} bytes, the header alone is {_HEADER.size}")
-        magic, version, code, l_, t_, kv_, hd_, crc = _HEADER.unpack_from(mv)
-        if magic != _MAGIC:
-            raise ValueError(f"fact KV data has bad magic {magic!r}, expected {_MAGIC!r}")
-        if version != _VERSION:
-            raise ValueError(f"fact KV format version {version} is not supported (this reads {_VERSION})")
+        if len(mv) < HEADER.size:
+            raise ValueError(f"fact KV data is truncated: {len(mv)} bytes, the header alone is {HEADER.size}")
+        magic, version, code, l_, t_, kv_, hd_, crc = HEADER.unpack_from(mv)
+        if magic != MAGIC:
+            raise ValueError(f"fact KV data has bad magic {magic!r}, expected {MAGIC!r}")
+        if version != VERSION:
+            raise ValueError(f"fact KV format version {version} is not supported (this reads {VERSION})")
         if code not in _DTYPES:
             raise ValueError(f"fact KV data has unknown dtype code {code}")
         got_dtype, int_dt, le = _DTYPES[code]
@@ -116,12 +118,11 @@ class FactKV:
         if t_ < 1:
             raise ValueError("fact KV data holds no tokens")
         n = L * t_ * KV * hd                               # elements per tensor (Python int: no overflow)
-        item = int(le[-1])
-        want = _HEADER.size + 2 * n * item
+        want = HEADER.size + 2 * n * ITEM_BYTES[code]
         if len(mv) != want:
             raise ValueError(f"fact KV data is {len(mv)} bytes; its header (T={t_}) implies {want}: "
                              f"{'truncated' if len(mv) < want else 'trailing bytes'}")
-        payload = mv[_HEADER.size:]
+        payload = mv[HEADER.size:]
         if zlib.crc32(payload, zlib.crc32(mv[:_CRC_AT])) != crc:
             raise ValueError("fact KV data fails its crc32: the bytes are corrupted")
 
