@@ -45,12 +45,12 @@ def segs(path: Path) -> list[Path]:
     return sorted((path / "segments").glob("*.seg"))
 
 
-def flip(file: Path, offset: int) -> None:
+def flip(file: Path, offset: int, mask: int = 0x5A) -> None:
     with open(file, "r+b") as f:
         f.seek(offset)
         b = f.read(1)
         f.seek(offset)
-        f.write(bytes([b[0] ^ 0x5A]))
+        f.write(bytes([b[0] ^ mask]))
 
 
 class Faulty(FileOps):

@@ -18,7 +18,7 @@ from hypothesis import strategies as hs
 from capsule.store import (FactCorrupt, FactInfo, PageCorrupt, SigningKeyError, Store, StoreIOError,
                            UnknownFact)
 from capsule.store import factdb
-from test_store import Faulty   # FileOps that fails chosen operations
+from test_store import Faulty, flip   # FileOps that fails chosen operations; flip a byte
 from capsule.store.records import (FACT_REGION, KIND_FACT, RECORD_HEADER, Sealer, encode_record,
                                    parse_header)
 
@@ -51,14 +51,6 @@ def fact_records(path: Path) -> list[tuple[Path, int, object]]:
                 out.append((seg, off, head))
             off += head.total
     return out
-
-
-def flip(file: Path, offset: int) -> None:
-    with open(file, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
 
 
 def sql(path: Path, *statements: str) -> None:
@@ -199,7 +191,7 @@ def test_flipped_bit_in_a_fact_record(tmp_path):
         st.write_epoch([("kv", 0, b"page" * 100)], b"{}")
         add_all(st, 1000)
     seg, off, head = [r for r in fact_records(tmp_path / "s") if r[2].index == 2][0]
-    flip(seg, off + RECORD_HEADER.size + head.name_len + 500)
+    flip(seg, off + RECORD_HEADER.size + head.name_len + 500, 0x01)
     with Store.open(tmp_path / "s") as st:
         with pytest.raises(PageCorrupt) as err:
             st.fact_kv(2)
