@@ -21,6 +21,7 @@ import devices
 
 from . import assembly
 from .errors import StoreError
+from .store.store import OWNED
 from .llm import SamplingParams
 from .llm.engine import Engine
 from .memory.facts import Memory, MemoryConfig
@@ -242,9 +243,6 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         return self._engine
 
 
-_STORE_FILES = {"LOCK", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "segments"}
-
-
 def _store_path(path: str | os.PathLike) -> Path:
     """The store folder: ~ expanded; refused if it is a file, empty, or a folder of other files."""
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
@@ -254,7 +252,7 @@ def _store_path(path: str | os.PathLike) -> Path:
         raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
                          "(it is created if missing)")
     if store_path.is_dir() and not (store_path / "index.sqlite").exists():
-        other = sorted(p.name for p in store_path.iterdir() if p.name not in _STORE_FILES)
+        other = sorted(p.name for p in store_path.iterdir() if p.name != "LOCK" and p.name not in OWNED)
         if other:
             raise StoreError(f"folder {str(store_path)!r} holds other files ({', '.join(other[:3])}"
                              f"{', ...' if len(other) > 3 else ''}) and no capsule store; give an empty "

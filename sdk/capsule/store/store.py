@@ -34,7 +34,7 @@ from .segments import FileOps, SegmentReader, list_segment_files
 
 
 # what a store puts in its folder besides LOCK (a failed open of a new store removes them again)
-_OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal")
+OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal")
 
 
 class Store(FactsMixin):
@@ -64,7 +64,7 @@ class Store(FactsMixin):
         if not create and not (path / "index.sqlite").exists() and not (path / "segments").exists():
             raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
         # a failed open of a NEW store removes what it added (folder, LOCK, index files, segments/)
-        folder = lockfile.lock_folder(path, is_new=lambda: not holds_store(path), owned=_OWNED)
+        folder = lockfile.lock_folder(path, is_new=lambda: not holds_store(path), owned=OWNED)
         try:
             seg_dir = path / "segments"
             seg_dir.mkdir(mode=0o700, exist_ok=True)
