@@ -9,12 +9,14 @@ from typing import Iterator
 
 from .errors import PageCorrupt
 from .info import PageRef
-from .records import (MAX_RECORD_BYTES, RECORD_HEADER, SEGMENT_HEADER, Buffer,
+from .records import (MAX_NAME_BYTES, MAX_RECORD_BYTES, RECORD_HEADER, SEGMENT_HEADER, TAG_BYTES, Buffer,
                       RecordError, Sealer, decode_record)
 from .segments import SegmentReader
 
 _RUN_BYTES = 8 << 20  # one pread covers contiguous records up to this size
 _MIN_RECORD = RECORD_HEADER.size + 8
+# a manifest is host metadata (small JSON) plus the store's page listing: far below this
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 def check_ref(ref: PageRef) -> None:
@@ -42,22 +44,34 @@ def corrupt(ref: PageRef, reason: str, loading: int) -> PageCorrupt:
                        ref.offset if ref.offset is not None else -1, reason, loading=loading)
 
 
-def read_epoch(segs: SegmentReader, sealer: Sealer, manifest: PageRef, refs: list[PageRef],
-               loading: int) -> tuple[bytes, dict[str, dict[int, bytes]]]:
-    """(manifest, {region: {index: payload}}); PageCorrupt on the first record that fails."""
-    for ref in (manifest, *refs):
-        try:
-            check_ref(ref)
-        except RecordError as exc:
-            raise corrupt(ref, str(exc), loading) from None
+def read_manifest(segs: SegmentReader, sealer: Sealer, manifest: PageRef, loading: int) -> bytes:
+    """The manifest record's payload, verified (PageCorrupt if not)."""
+    (_, payload), = _read_all(segs, sealer, [_checked(manifest, loading, MAX_MANIFEST_BYTES)], loading)
+    return payload  # type: ignore[return-value]
+
+
+def read_pages(segs: SegmentReader, sealer: Sealer, refs: list[PageRef], loading: int,
+               max_page_bytes: int | None = None) -> dict[str, dict[int, bytes]]:
+    """{region: {index: payload}}; PageCorrupt on the first record that fails. A record whose
+    row claims a payload above max_page_bytes is refused before it is read."""
+    checked = [_checked(ref, loading, max_page_bytes) for ref in refs]
     pages: dict[str, dict[int, bytes]] = {}
-    man = b""
-    for ref, payload in _read_all(segs, sealer, sorted((manifest, *refs), key=_order), loading):
-        if ref.region is None:
-            man = payload
-        else:
-            pages.setdefault(ref.region, {})[ref.index] = payload
-    return man, pages
+    for ref, payload in _read_all(segs, sealer, sorted(checked, key=_order), loading):
+        pages.setdefault(ref.region, {})[ref.index] = payload  # type: ignore[index]
+    return pages
+
+
+def _checked(ref: PageRef, loading: int, max_payload: int | None) -> PageRef:
+    try:
+        check_ref(ref)
+        if max_payload is not None:
+            most = RECORD_HEADER.size + MAX_NAME_BYTES + max_payload + max(TAG_BYTES.values())
+            if ref.length > most:  # type: ignore[operator]
+                raise RecordError(f"index row claims a {ref.length}-byte record; this epoch's pages "
+                                  f"are at most {max_payload} bytes")
+    except RecordError as exc:
+        raise corrupt(ref, str(exc), loading) from None
+    return ref
 
 
 def _order(ref: PageRef) -> tuple[int, int]:

@@ -19,16 +19,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from ..errors import CapsuleCorrupt, StoreError
+from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
 from . import lockfile, maintenance
 from .commit import Committer
 from .errors import PageCorrupt, SigningKeyError, UnknownEpoch
 from .facts import FactsMixin
 from .index import Index
 from .info import EpochInfo, VerifyReport
-from .reader import read_epoch
+from .reader import read_manifest, read_pages
 from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
@@ -181,24 +181,36 @@ class Store(FactsMixin):
         names = [repr(e.name) for e in infos if e.name][:5]
         return f"it holds epochs {shown}" + (f" (named: {', '.join(names)})" if names else "")
 
-    def load_epoch(self, epoch: int) -> tuple[bytes, dict[str, dict[int, bytes]]]:
-        """(manifest, {region: {index: page}}): the epoch's full view, every record verified."""
+    def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None
+                   ) -> tuple[bytes, dict[str, dict[int, bytes]]]:
+        """(manifest, {region: {index: page}}): the epoch's full view, every record verified.
+        max_page_bytes: refuse (PageCorrupt) a page whose record claims a bigger payload, before
+        anything is read or allocated for it (the caller knows its largest page)."""
         with self._lock:
             self._check_open()
             manifest = self._index.manifest_ref(epoch)
             if manifest is None:
                 raise UnknownEpoch(f"no epoch {epoch!r} in store {self.path}; {self._known()}")
             with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-                return read_epoch(segs, self._sealer, manifest, self._index.view(epoch), epoch)
+                man = read_manifest(segs, self._sealer, manifest, epoch)
+                return man, read_pages(segs, self._sealer, self._index.view(epoch), epoch, max_page_bytes)
 
-    def load_newest_valid(self) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
+    def load_newest_valid(self, accept: Callable[[int, bytes], None] | None = None, *,
+                          max_page_bytes: int | None = None
+                          ) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
         """Newest epoch whose every record verifies: (epoch, manifest, pages, skipped reports).
-        None when the store holds no epoch; CapsuleCorrupt when it holds some and none is valid."""
+        None when the store holds no epoch; CapsuleCorrupt when it holds some and none is valid.
+
+        accept(epoch, manifest): called before an epoch's pages are read; raising a CapsuleError
+        (CapsuleCorrupt: the manifest is unreadable; CapsuleMismatch: it belongs to another
+        model) skips the epoch, reported like a damaged one. When no epoch is valid and some
+        were refused with CapsuleMismatch, the newest such CapsuleMismatch is raised."""
         with self._lock:
             self._check_open()
             ids = self._index.epoch_ids()
             bad: set[tuple[int | None, int | None]] = set()
             skipped: list[str] = []
+            mismatch: CapsuleMismatch | None = None
             with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
                 for epoch in reversed(ids):
                     manifest, view = self._index.manifest_ref(epoch), self._index.view(epoch)
@@ -208,14 +220,28 @@ class Store(FactsMixin):
                         skipped.append(f"epoch {epoch}: uses a record already found corrupt")
                         continue
                     try:
-                        man, pages = read_epoch(segs, self._sealer, manifest, view, epoch)
+                        man = read_manifest(segs, self._sealer, manifest, epoch)
+                        if accept is not None:
+                            accept(epoch, man)
+                        pages = read_pages(segs, self._sealer, view, epoch, max_page_bytes)
                     except PageCorrupt as exc:
                         bad.add((exc.segment, exc.offset))
                         skipped.append(exc.summary)
                         continue
+                    except CapsuleMismatch as exc:
+                        mismatch = mismatch or exc
+                        skipped.append(f"epoch {epoch}: {exc}")
+                        continue
+                    except CapsuleError as exc:
+                        skipped.append(f"epoch {epoch}: {exc}")
+                        continue
                     return epoch, man, pages, skipped
         if not ids:
             return None
+        if mismatch is not None:
+            others = [s for s in skipped if not s.endswith(str(mismatch))]
+            raise CapsuleMismatch(f"{mismatch}" + (f" (other epochs skipped: {' | '.join(others[:8])})"
+                                                   if others else "")) from mismatch
         raise CapsuleCorrupt(f"store {self.path} holds {len(ids)} epochs ({ids[0]}..{ids[-1]}) and none is "
                              f"fully valid; skipped: {' | '.join(skipped[:8])}. Keep a copy of the folder "
                              f"and run `capsule verify`")
