@@ -73,7 +73,8 @@ def test_rollback_in_place_equals_a_run_that_never_went_past(tmp_path):
         s.generate(3)
         last = s.checkpoint()
         assert s.epochs()[-1].base == first
-        assert s.epochs()[-1].bytes_written < 4 * s.registry["kv_pool"].page_bytes
+        # (a full capture would rewrite all ~40 KV blocks; the manifest lists every page it uses)
+        assert s.epochs()[-1].bytes_written < 5 * s.registry["kv_pool"].page_bytes
         want = s.tokens()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s2:
         assert s2.restored_epoch == last and s2.tokens() == want

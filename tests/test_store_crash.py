@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import signal
 import subprocess
@@ -123,18 +124,26 @@ def test_sigkill_never_loses_an_acknowledged_epoch(tmp_path, mode):
     assert sum(last > 0 for last, _ in results) >= 4  # kills landed after some commits, not only before
 
 
-def test_unsynced_staged_epochs_vanish_after_a_crash(tmp_path):
+@pytest.mark.parametrize("tear", [False, True])
+def test_unsynced_staged_epochs_are_adopted_whole_or_cut(tmp_path, tear):
+    # staged, never synced nor acknowledged: after the process dies, an epoch whose records all
+    # reached the file comes back whole (the log is the truth); a torn one is cut, never half-used
     child = spawn(tmp_path / "s", "unsynced", 0)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err.decode()
     assert out.split()[1:] == [b"1", b"2", b"3"]
     seg = sorted((tmp_path / "s" / "segments").glob("*.seg"))[-1]
+    if tear:
+        os.truncate(seg, seg.stat().st_size - 7)        # epoch 5's manifest record cut short
     size_with_staged = seg.stat().st_size
     with Store.open(tmp_path / "s") as st:
-        assert st.latest_epoch() == 3 and seg.stat().st_size < size_with_staged  # torn tail cut
-        assert st.load_newest_valid()[2] == expected_view(3)
-        assert st.write_epoch(shared["pages_for"](4), b"{}").id == 4
-        assert st.load_epoch(4)[1] == expected_view(4) and st.verify().ok
+        latest = 4 if tear else 5
+        assert st.latest_epoch() == latest and "rebuilt" in st.recovery_report[0]
+        assert seg.stat().st_size < size_with_staged if tear else seg.stat().st_size == size_with_staged
+        assert st.load_newest_valid()[:3:2] == (latest, expected_view(latest))
+        assert st.write_epoch(shared["pages_for"](latest + 1), b"{}").id == latest + 1
+        assert st.load_epoch(latest + 1)[1] == expected_view(latest + 1) and st.verify().ok
+    assert not (tmp_path / "s" / "quarantine").exists() or not list((tmp_path / "s" / "quarantine").glob("*tail*"))
 
 
 class FailAt(FileOps):

@@ -374,14 +374,16 @@ def test_signed_store_facts(tmp_path):
 def test_store_without_fact_tables_opens_and_gains_them(tmp_path):
     with Store.open(tmp_path / "s") as st:
         st.write_epoch([("kv", 0, b"old")], b'{"old": 1}')
-    sql(tmp_path / "s", "DROP TABLE facts_fts", "DROP TABLE facts")  # as the code before facts made it
-    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'format_version'") == ("1",)
+    sql(tmp_path / "s", "DROP TABLE facts_fts", "DROP TABLE facts", "DROP TABLE forgets",  # as before facts
+        "UPDATE meta SET value = '1' WHERE key = 'format_version'")
     with Store.open(tmp_path / "s", create=False) as st:
         assert st.count_facts() == 0 and st.facts() == [] and st.search_facts("anything", 3) == []
         assert st.add_fact("learned later", tags=("new",), n_tokens=2, fingerprint="f", rope="r", kv=b"k") == 1
         assert st.load_epoch(1) == (b'{"old": 1}', {"kv": {0: b"old"}}) and st.verify().ok
-    # the first fact marks the store format 2, which an SDK without facts refuses to open
-    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'format_version'") == ("2",)
+    # opening marks the store format 3 (self-describing log), which older SDKs refuse to open,
+    # and remembers that epochs up to 1 were written before envelopes
+    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'format_version'") == ("3",)
+    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'legacy_until'") == ("1",)
     with Store.open(tmp_path / "s") as st:
         assert st.fact_kv(1) == b"k" and st.search_facts("learned", 1)[0][0] == 1
 

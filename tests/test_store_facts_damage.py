@@ -10,7 +10,7 @@ import pytest
 
 from capsule.errors import CapsuleCorrupt, StoreError
 from capsule.store import FactCorrupt, Store
-from capsule.store import factdb, factrows
+from capsule.store import factdb, factrecord, factrows
 from capsule.store.errors import DamagedFactWarning, FactRowCorrupt
 from capsule.store.records import RECORD_HEADER
 from test_store_facts import FACTS, KEY, add_all, fact_records, kv, sql
@@ -117,10 +117,10 @@ def test_structural_damage_stays_a_typed_error(tmp_path):
 def test_an_edited_text_is_detected_through_the_text_binding(tmp_path, key):
     with Store.open(tmp_path / "s", sign_key=key) as st:
         add_all(st, 100)
-    for seg, off, head in fact_records(tmp_path / "s"):
+    for seg, off, head in fact_records(tmp_path / "s"):   # each record names its fact's text
         start = off + RECORD_HEADER.size + head.name_len
-        text = FACTS[head.index - 1][0].encode()
-        assert seg.read_bytes()[start:start + 40] == b"CPFTEXT\x01" + hashlib.sha256(text).digest()
+        meta, data = factrecord.decode(seg.read_bytes()[start:start + head.payload_len])
+        assert meta.text == FACTS[head.index - 1][0] and bytes(data) == kv(head.index - 1, 100)
     sql(tmp_path / "s", "UPDATE facts SET text = 'The charger is in bay 9 next to the workbench.' WHERE id = 1")
     with Store.open(tmp_path / "s", sign_key=key) as st:
         assert _quiet(st.facts)[0].text.startswith("The charger is in bay 9")   # listings read no records
@@ -136,7 +136,7 @@ def test_an_edited_text_is_detected_through_the_text_binding(tmp_path, key):
 
 
 def test_records_written_before_the_text_binding_still_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(factrows, "bind", lambda text, data: data)     # the writer before the binding
+    monkeypatch.setattr(factrecord, "encode", lambda meta, data: bytes(data))  # the writer before bindings
     with Store.open(tmp_path / "s") as st:
         add_all(st, 100)
     monkeypatch.undo()

@@ -54,3 +54,8 @@ def _check_shape(doc: Any, what: str, max_depth: int, max_items: int) -> None:
                 raise ValueError(f"{what} is nested deeper than {max_depth} levels")
             children = value.values() if isinstance(value, dict) else value
             stack.extend((child, depth + 1) for child in children)
+
+
+def dumps(doc: Any) -> bytes:
+    """Compact strict JSON as UTF-8 (NaN / Infinity refused: `loads` would refuse them back)."""
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")

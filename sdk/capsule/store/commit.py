@@ -17,23 +17,38 @@ from typing import Any, Callable, Iterable, NoReturn
 
 from ..errors import StoreError
 from .errors import StoreIOError, UnknownEpoch
+from . import envelope
+from .envelope import Envelope, Listing
+from .errors import PageCorrupt
 from .index import Index
-from .info import EpochInfo, PageRef, StagedEpoch
+from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .inputs import as_bytes_view, check_meta, check_name, check_pages
-from .records import KIND_MANIFEST, KIND_PAGE, SEGMENT_HEADER, Sealer, encode_record
-from .segments import FileOps, Position, SegmentWriter, list_segment_files, segment_path
+from .reader import read_manifest, read_tags
+from .records import KIND_EPOCH, KIND_PAGE, MAX_MANIFEST_BYTES, SEGMENT_HEADER, Sealer, encode_record
+from .segments import FileOps, Position, SegmentReader, SegmentWriter, list_segment_files, segment_path
 
 
 class Committer:
     """Owns the segment writer and the staged (appended, uncommitted) epochs."""
 
     def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
-                 lock: threading.RLock):
+                 lock: threading.RLock, store_id: str):
         self.path, self._index, self._sealer, self._fs, self._lock = path, index, sealer, fs, lock
+        self.store_id = store_id
         self.seg_dir = path / "segments"
         self.writer = SegmentWriter(self.seg_dir, fs, segment_bytes, sealer.signed)
         self.staged: list[StagedEpoch] = []
         self._poisoned = False  # a failed cleanup left bytes past the committed end
+        # the listing of the newest staged or committed epoch: the next delta's base, unread
+        self._listing: tuple[int, Listing] | None = None
+        self._head: Head | None = None   # the last record appended (the log's head once committed)
+
+    def attach_index(self, index: Index, store_id: str | None = None) -> None:
+        """After a rebuild: continue on the new index (nothing may be staged)."""
+        self._index, self._listing = index, None
+        self.staged.clear()
+        if store_id is not None:
+            self.store_id = store_id
 
     # -- staging ----------------------------------------------------------------------------------
     def stage(self, pages: Iterable, manifest: Any, name: str | None, meta: dict | None,
@@ -49,21 +64,50 @@ class Committer:
                 raise ValueError(f"epoch name {name!r} is already used by a retained epoch; "
                                  f"names must be unique")
             aliases = self._base_rows(epoch, base, {(r, i) for r, i, _ in items})
-        start, rows = self.writer.position(), []
+            listing = dict(self._base_listing(epoch, base))   # regions shared until written
+        start, rows, touched = self.writer.position(), [], set()
+        base_id = epoch - 1 if base is None else base
         try:
             for region, index, data in items:
-                rows.append(self._append(KIND_PAGE, epoch, region, index, data))
-            man_ref = self._append(KIND_MANIFEST, epoch, "", 0, man)
+                ref, tag = self._append(KIND_PAGE, epoch, region, index, data)
+                rows.append(ref)
+                if region not in touched:
+                    listing[region] = dict(listing.get(region, {}))
+                    touched.add(region)
+                listing[region][index] = (epoch, tag)
+            page_bytes = sum(r.length for r in rows)  # type: ignore[misc]
+            env = Envelope(self.store_id, epoch, base_id, name, time.time(), meta, page_bytes, len(rows),
+                           listing, bytes(man))
+            payload = envelope.encode(env, self._sealer.tag_bytes)
+            if len(payload) > MAX_MANIFEST_BYTES:
+                raise ValueError(f"epoch {epoch}'s manifest and page listing take {len(payload)} bytes; at most "
+                                 f"{MAX_MANIFEST_BYTES} (use fewer, larger pages or a smaller manifest)")
+            man_ref, _ = self._append(KIND_EPOCH, epoch, "", 0, payload)
             self.writer.flush()
         except OSError as exc:
             self._undo(start, exc, f"writing epoch {epoch}")
-        written = sum(r.length for r in rows) + man_ref.length  # type: ignore[operator]
-        info = EpochInfo(epoch, name, time.time(), written, len(rows), meta,
-                         epoch - 1 if base is None else base)
+        except BaseException:
+            self._undo_quietly(start)
+            raise
+        info = EpochInfo(epoch, name, env.created, page_bytes + man_ref.length, len(rows), meta,  # type: ignore
+                         base_id)
         staged = StagedEpoch(info, PageRef(None, None, epoch, man_ref.segment, man_ref.offset, man_ref.length),
                              tuple(rows + aliases), start)
         self.staged.append(staged)
+        self._listing = (epoch, listing)
         return staged
+
+    def _base_listing(self, epoch: int, base: int | None) -> Listing:
+        """The listing epoch's view starts from: base's (default: epoch - 1; 0: empty)."""
+        of = epoch - 1 if base is None else base
+        if of == 0:
+            return {}
+        if self._listing is not None and self._listing[0] == of:
+            return self._listing[1]
+        ref = self._index.manifest_ref(of)
+        if ref is None:
+            raise UnknownEpoch(f"base epoch {of} is not in store {self.path}")
+        return listing_of(self.seg_dir, self._sealer, self._index, ref, of)
 
     def _base_rows(self, epoch: int, base: int | None, written: set[tuple[str, int]]) -> list[PageRef]:
         """Index-only rows that make epoch's view = base's view + its pages (no bytes rewritten)."""
@@ -83,11 +127,12 @@ class Committer:
                         else PageRef(key[0], key[1], epoch, None, None, None))  # tombstone
         return rows
 
-    def _append(self, kind: int, epoch: int, region: str, index: int, data: Any) -> PageRef:
+    def _append(self, kind: int, epoch: int, region: str, index: int, data: Any) -> tuple[PageRef, bytes]:
         parts = encode_record(self._sealer, kind, epoch, region, index, data)
         length = sum(len(p) for p in parts)
         segment, offset = self.writer.append(parts, length)
-        return PageRef(region, index, epoch, segment, offset, length)
+        self._head = Head(segment, offset, length, bytes(parts[2]))
+        return PageRef(region, index, epoch, segment, offset, length), parts[2]
 
     # -- committing -------------------------------------------------------------------------------
     def sync(self) -> list[EpochInfo]:
@@ -102,7 +147,7 @@ class Committer:
             self.fail(exc, "fsync")
         try:
             with self._lock:
-                self._index.commit(staged, ends)
+                self._index.commit(staged, ends, self._head)
         except StoreError as exc:
             self.fail(exc, "the index commit")
         self.staged.clear()
@@ -118,7 +163,7 @@ class Committer:
         self.sync()
         start = self.writer.position()
         try:
-            ref = self._append(kind, epoch, region, index, data)
+            ref, _ = self._append(kind, epoch, region, index, data)
             self.writer.flush()
         except OSError as exc:
             self._undo(start, exc, what)
@@ -128,7 +173,7 @@ class Committer:
             self.fail(exc, f"fsync while {what}")
         try:
             with self._lock:
-                self._index.write(what, lambda c: apply(c, ref), ends)
+                self._index.write(what, lambda c: apply(c, ref), ends, self._head)
         except StoreError as exc:
             self.fail(exc, f"the index commit while {what}")
         self.writer.committed()
@@ -143,10 +188,18 @@ class Committer:
         raise StoreIOError(f"{what} to {self.path} failed: {reason(exc)}. Nothing of it was committed and the "
                            f"store stays usable; free space / fix the disk and write again") from exc
 
+    def _undo_quietly(self, start: Position) -> None:
+        """A non-I/O failure midway through staging (a limit found late): cut what it appended."""
+        try:
+            self.writer.rollback_to(start)
+        except OSError:
+            self._poisoned = True
+
     def fail(self, exc: BaseException, what: str, cleanup: OSError | None = None) -> NoReturn:
         """Discard every staged epoch, cut back to the committed state and raise StoreIOError."""
         ids = [s.info.id for s in self.staged]
         self.staged.clear()
+        self._listing = None
         if cleanup is None:
             try:
                 self.reset_to_committed()
@@ -178,6 +231,7 @@ class Committer:
         segment past its committed end, and append after it (or in a fresh file when committed
         bytes are missing: never write over what the index points at)."""
         self.writer.abandon()
+        self._listing = None
         with self._lock:
             live = self._index.segments("live")
         top = max(live, default=0)
@@ -210,6 +264,25 @@ class Committer:
             pass  # the next open cuts the tail anyway
         finally:
             self.writer.abandon()
+
+
+def listing_of(seg_dir: Path, sealer: Sealer, index: Index, manifest: PageRef, epoch: int) -> Listing:
+    """A committed epoch's listing: its envelope's; for an older bare manifest, built from the
+    index rows and the tags of the records they point at (which are verified on the way)."""
+    try:
+        with SegmentReader(seg_dir, sealer.signed) as segs:
+            man = read_manifest(segs, sealer, manifest, epoch)
+            if man.envelope is not None:
+                return man.envelope.listing
+            refs = index.view(epoch)
+            tags = read_tags(segs, sealer, refs, epoch)
+    except PageCorrupt as exc:
+        raise StoreError(f"epoch {epoch}, the base of the next epoch, cannot be read ({exc.summary}); "
+                         f"checkpoint a full capture (base 0) instead") from exc
+    listing: Listing = {}
+    for ref in refs:
+        listing.setdefault(ref.region, {})[ref.index] = (ref.rec_epoch, tags[ref.region][ref.index])  # type: ignore
+    return listing
 
 
 def reason(exc: BaseException | None) -> str:

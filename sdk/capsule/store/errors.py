@@ -16,6 +16,11 @@ class StoreIOError(StoreError):
     """A write, fsync or index commit failed; nothing of the failed epochs was committed."""
 
 
+class UnsafeStore(StoreError):
+    """An entry of the store folder is a symbolic link, or not a regular file where the store keeps
+    one (a FIFO, a folder, a socket, a device): the store refuses it rather than follow or block."""
+
+
 class UnknownEpoch(StoreError, KeyError):
     """An epoch id or name that the store does not hold (never committed, or dropped by retention)."""
 
@@ -32,6 +37,11 @@ class UnknownFact(StoreError, KeyError):
 
 class IndexCorrupt(CapsuleCorrupt):
     """index.sqlite is missing, truncated or garbage while segment data exists."""
+
+
+class IndexStale(IndexCorrupt):
+    """The index disagrees with the log (an epoch's envelope lists other records than the index
+    rows name, or the log holds commits the index lacks): the store rebuilds it from the segments."""
 
 
 class PageCorrupt(CapsuleCorrupt):
@@ -103,6 +113,6 @@ def _rebuild_page_corrupt(*args) -> PageCorrupt:
     return PageCorrupt(*head, loading=loading)
 
 
-__all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError",
-           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "PageCorrupt", "FactCorrupt", "FactRowCorrupt",
+__all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError", "UnsafeStore",
+           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "IndexStale", "PageCorrupt", "FactCorrupt", "FactRowCorrupt",
            "DamagedFactWarning"]

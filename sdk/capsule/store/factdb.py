@@ -32,6 +32,9 @@ _SCHEMA = (
     '"created" REAL NOT NULL, "kv_version" INTEGER NOT NULL, "kv_segment" INTEGER NOT NULL, '
     '"kv_offset" INTEGER NOT NULL, "kv_length" INTEGER NOT NULL, "embedder" TEXT, "embedding" BLOB)',
     'CREATE INDEX IF NOT EXISTS "idx_facts_kv_segment_kv_offset" ON "facts" ("kv_segment", "kv_offset")',
+    # one KIND_FORGET record per forgotten fact, kept live so a rebuilt index forgets it too
+    'CREATE TABLE IF NOT EXISTS "forgets" ("id" INTEGER PRIMARY KEY, "segment" INTEGER NOT NULL, '
+    '"offset" INTEGER NOT NULL, "length" INTEGER NOT NULL)',
 )
 _FTS = ('CREATE VIRTUAL TABLE "facts_fts" USING fts5("text", "tags", '
         "tokenize = 'porter unicode61 remove_diacritics 2')")
@@ -66,7 +69,8 @@ def _fts(c: sqlite3.Connection) -> bool:
 
 
 def needs_schema(c: sqlite3.Connection) -> bool:
-    return not _has_table(c, "facts") or (fts5_available() and not _has_table(c, "facts_fts"))
+    return (not _has_table(c, "facts") or not _has_table(c, "forgets")
+            or (fts5_available() and not _has_table(c, "facts_fts")))
 
 
 def create_schema(c: sqlite3.Connection) -> None:
@@ -92,8 +96,8 @@ def insert(c: sqlite3.Connection, fact_id: int, text: str, tags: Sequence[str], 
     if _fts(c):
         c.execute("INSERT INTO facts_fts(rowid, text, tags) VALUES (?, ?, ?)", (fact_id, text, " ".join(tags)))
     # readers that predate facts would compact fact records away as dead bytes: lock them out
-    c.execute("UPDATE meta SET value = ? WHERE key = 'format_version' AND value != ?",
-              (str(FACTS_FORMAT_VERSION), str(FACTS_FORMAT_VERSION)))
+    c.execute("UPDATE meta SET value = ? WHERE key = 'format_version' AND value = '1'",
+              (str(FACTS_FORMAT_VERSION),))
 
 
 def set_kv(c: sqlite3.Connection, fact_id: int, n_tokens: int, fingerprint: str, rope: str, kv: PageRef) -> None:
@@ -106,10 +110,13 @@ def set_embedding(c: sqlite3.Connection, fact_id: int, embedding: bytes | None, 
     c.execute("UPDATE facts SET embedding = ?, embedder = ? WHERE id = ?", (embedding, embedder, fact_id))
 
 
-def delete(c: sqlite3.Connection, fact_id: int) -> None:
+def forget(c: sqlite3.Connection, fact_id: int, record: PageRef) -> None:
+    """Delete the fact's rows and keep its forget record live (compaction must not drop it)."""
     c.execute("DELETE FROM facts WHERE id = ?", (fact_id,))
     if _fts(c):
         c.execute("DELETE FROM facts_fts WHERE rowid = ?", (fact_id,))
+    c.execute("INSERT OR REPLACE INTO forgets(id, segment, offset, length) VALUES (?, ?, ?, ?)",
+              (fact_id, record.segment, record.offset, record.length))
 
 
 # -- reads ----------------------------------------------------------------------------------------

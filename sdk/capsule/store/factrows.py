@@ -1,5 +1,5 @@
 """A fact's fields: the limits add_fact enforces, the same checks on every `facts` row read back
-(index.sqlite is untrusted input like the segments), and the text binding of its KV record.
+(index.sqlite is untrusted input like the segments). The KV record's own format: factrecord.py.
 
 A row that fails a check is a damaged fact: listings leave it out with a DamagedFactWarning,
 single-fact reads raise FactRowCorrupt, `verify` lists it. Only structural damage (the table or
@@ -8,27 +8,21 @@ the database itself) stays an IndexCorrupt. Format: docs/FORMAT.md, "Facts".
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
-import struct
 import warnings
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .errors import DamagedFactWarning
 from .info import FactInfo
-from .records import MAX_EPOCH, MAX_PAGE_INDEX, MAX_PAYLOAD_BYTES, Buffer
+from .records import MAX_EPOCH, MAX_PAGE_INDEX
 
 MAX_TEXT_BYTES = 64 << 10
 MAX_TAGS, MAX_TAG_BYTES = 64, 256
 MAX_LABEL_BYTES = 1024          # fingerprint, rope, embedder
 MAX_EMBEDDING_BYTES = 1 << 20
 _MAX_TAGS_JSON = 1 << 20        # longer is damage without parsing it
-
-# KV record payload = binding | KV bytes; binding = magic, sha256 of the fact's text (UTF-8)
-TEXT_BINDING = struct.Struct("<8s32s")
-TEXT_BINDING_MAGIC = b"CPFTEXT\x01"
 
 # text columns are read as (type, bytes) and decoded here: sqlite3 raises on invalid UTF-8 for
 # the whole query, and one damaged row must not break every read
@@ -263,27 +257,3 @@ def warn_damaged(fact_id: Any, why: str) -> None:
     warnings.warn(DamagedFactWarning(
         f"memory fact {fact_id} is damaged and was skipped: {why}. Other facts are unaffected; forget it "
         f"(Session.forget({fact_id})) and remember it again; `capsule verify` lists all damage"), stacklevel=5)
-
-
-# -- text binding -------------------------------------------------------------------------------
-def text_digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()
-
-
-def bind(text: str, kv: Buffer) -> bytes:
-    """The record payload of a fact's KV: the binding to its text, then the KV bytes."""
-    if len(kv) > MAX_PAYLOAD_BYTES - TEXT_BINDING.size:
-        raise ValueError(f"kv is {len(kv)} bytes; a fact holds at most {MAX_PAYLOAD_BYTES - TEXT_BINDING.size}")
-    return b"".join((TEXT_BINDING.pack(TEXT_BINDING_MAGIC, text_digest(text)), kv))
-
-
-def unbind(payload: memoryview, text: str) -> tuple[memoryview, bool]:
-    """(the KV bytes, whether they are bound to `text`); ValueError when they are bound to another
-    text. A payload without the binding (written before it existed) is all KV, and unbound."""
-    if len(payload) < TEXT_BINDING.size or bytes(payload[:8]) != TEXT_BINDING_MAGIC:
-        return payload, False
-    _, digest = TEXT_BINDING.unpack_from(payload)
-    if digest != text_digest(text):
-        raise ValueError("text differs from the text its KV record was encoded from (sha256 mismatch): "
-                         "it was edited in index.sqlite after the fact was stored")
-    return payload[TEXT_BINDING.size:], True

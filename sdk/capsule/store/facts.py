@@ -19,13 +19,15 @@ from pathlib import Path
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import factdb, factrows
+from .. import safejson
+from . import factdb, factrecord, factrows
+from .factrecord import FactMeta
 from .errors import FactCorrupt, FactRowCorrupt, UnknownFact
 from .factrows import check_embedding, check_kv_meta, check_tags, check_text
 from .info import FactInfo
 from .inputs import as_bytes_view
 from .reader import check_record, check_ref
-from .records import FACT_REGION, KIND_FACT, MAX_EPOCH, MAX_PAGE_INDEX, RecordError, Sealer
+from .records import FACT_REGION, KIND_FACT, KIND_FORGET, MAX_EPOCH, MAX_PAGE_INDEX, RecordError, Sealer
 from .segments import SegmentReader
 
 if TYPE_CHECKING:
@@ -56,13 +58,14 @@ class FactsMixin:
         check_text(text)
         tag_list = check_tags(tags)
         check_kv_meta(n_tokens, fingerprint, rope)
-        data = factrows.bind(text, as_bytes_view(kv, "kv"))
         emb = check_embedding(embedding, embedder)
+        created = time.time()
+        data = factrecord.encode(FactMeta(self._commit.store_id, text, tuple(tag_list), n_tokens, fingerprint,
+                                          rope, created), as_bytes_view(kv, "kv"))
         with self._wlock:
             self._check_open()
             with self._lock:
                 fact_id = factdb.next_id(self._index)
-            created = time.time()
             self._commit.commit_record(
                 KIND_FACT, 1, FACT_REGION, fact_id, data, f"writing fact {fact_id}",
                 lambda c, ref: factdb.insert(c, fact_id, text, tag_list, n_tokens, fingerprint, rope, created,
@@ -90,7 +93,8 @@ class FactsMixin:
                 raise FactRowCorrupt(fid, why)
             if row.kv_version >= MAX_EPOCH:
                 raise ValueError(f"fact {fid} was re-encoded {row.kv_version} times; add it as a new fact")
-            data = factrows.bind(row.text, view)
+            data = factrecord.encode(FactMeta(self._commit.store_id, row.text, tuple(factrows.parse_tags(row.tags)),
+                                              n_tokens, fingerprint, rope, float(row.created)), view)
             self._commit.commit_record(
                 KIND_FACT, row.kv_version + 1, FACT_REGION, fid, data, f"re-encoding fact {fid}",
                 lambda c, ref: factdb.set_kv(c, fid, n_tokens, fingerprint, rope, ref))
@@ -103,9 +107,17 @@ class FactsMixin:
                          lambda c: factdb.set_embedding(c, fid, emb, embedder))
 
     def forget_fact(self, fact_id: int) -> None:
-        """Delete a fact (UnknownFact if there is none); compaction reclaims its record."""
+        """Delete a fact (UnknownFact if there is none); compaction reclaims its KV record. A small
+        forget record goes to the log (durable when this returns), so a rebuilt index forgets it too."""
         fid = self._known_id(fact_id)
-        self._index_only(fid, f"forgetting fact {fid}", lambda c: factdb.delete(c, fid))
+        with self._wlock:
+            self._check_open()
+            with self._lock:
+                if not factdb.exists(self._index, fid):
+                    raise self._unknown(fid)
+            self._commit.commit_record(
+                KIND_FORGET, 1, FACT_REGION, fid, safejson.dumps({"store": self._commit.store_id}),
+                f"forgetting fact {fid}", lambda c, ref: factdb.forget(c, fid, ref))
 
     def _index_only(self, fid: int, what: str, apply: Any) -> None:
         with self._wlock, self._lock:
@@ -138,7 +150,7 @@ class FactsMixin:
                 raise FactRowCorrupt(fid, why)
             payload = self._record(row)
             try:
-                return bytes(factrows.unbind(payload, row.text)[0])   # the one copy out of the map
+                return bytes(factrecord.unbind(payload, row.text)[0])   # the one copy out of the map
             except ValueError as exc:
                 raise FactRowCorrupt(fid, f"text: {exc}") from None
 
@@ -191,7 +203,7 @@ class FactsMixin:
         """Why the row's text is not the one its current KV record is bound to; None when it is,
         or when that cannot be told (an unbound or damaged record: re-encoding replaces it)."""
         try:
-            factrows.unbind(self._record(row), row.text)
+            factrecord.unbind(self._record(row), row.text)
         except FactCorrupt:
             return None
         except ValueError as exc:

@@ -17,13 +17,20 @@ from typing import Callable, Iterable, Iterator
 import sqlite_utils
 
 from ..errors import StoreError
-from . import factdb
+from . import factdb, rows
+from . import fsafe
 from .errors import IndexCorrupt, StoreIOError
-from .info import EpochInfo, PageRef, StagedEpoch
+from .info import EpochInfo, Head, PageRef, StagedEpoch
+from .rows import RowError
 
 SCHEMA_VERSION = 1
 _EPOCH_COLS = "id, name, created, bytes_written, n_pages, meta, base"
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+# (table, segment, offset, length columns, filter): where rows point at records
+_LOCATIONS = (("pages", "segment", "offset", "length", " WHERE segment IS NOT NULL"),
+              ("epochs", "man_segment", "man_offset", "man_length", ""),
+              ("facts", "kv_segment", "kv_offset", "kv_length", ""),
+              ("forgets", "segment", "offset", "length", ""))
 
 
 def _is_corruption(exc: sqlite3.Error) -> bool:
@@ -35,10 +42,15 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 
 def check_sqlite_header(path: Path) -> None:
-    """Cheap O(1) check that the file is a whole SQLite database (catches truncation)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(100)
+    """Cheap O(1) check that the file is a whole SQLite database (catches truncation), unless a
+    hot journal or a WAL is pending: then a short or torn main file is SQLite's to repair."""
+    if _hot_journal(path):
+        return  # a transaction cut by a crash: SQLite plays the journal back before reading
+    fd = fsafe.open_regular(path, os.O_RDONLY)
+    try:
+        size, head = os.fstat(fd).st_size, os.pread(fd, 100, 0)
+    finally:
+        os.close(fd)
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise IndexCorrupt(f"{path} is not an SQLite database (garbage or truncated header)")
     wal = path.with_name(path.name + "-wal")
@@ -49,6 +61,65 @@ def check_sqlite_header(path: Path) -> None:
     pages, change, valid_for = struct.unpack(">I", head[28:32])[0], head[24:28], head[92:96]
     if page_size < 512 or size % page_size or (change == valid_for and pages * page_size > size):
         raise IndexCorrupt(f"{path} is truncated ({size} bytes, header says {pages} pages of {page_size})")
+
+
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # a rollback journal's first 8 bytes
+_COMPANIONS = ("-wal", "-shm", "-journal")           # SQLite's files next to the database
+
+
+def _hot_journal(path: Path) -> bool:
+    """Is a rollback journal pending for a non-empty database (SQLite plays it back at open)?"""
+    try:
+        if os.lstat(path).st_size == 0:
+            return False
+        fd = fsafe.open_regular(path.with_name(path.name + "-journal"), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        return os.pread(fd, 8, 0) == _JOURNAL_MAGIC
+    finally:
+        os.close(fd)
+
+
+def _roll_back(path: Path) -> None:
+    """Let SQLite play a hot journal back (the main file may be torn mid-transaction), so the
+    checks that follow see the database as of its last commit."""
+    try:
+        conn = sqlite3.connect(fsafe.sqlite_uri(path), uri=True, isolation_level=None, timeout=30)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        error = IndexCorrupt if _is_corruption(exc) else StoreIOError
+        raise error(f"index {path}: rolling back its journal (a transaction a crash cut short) failed: "
+                    f"{exc}; keep a copy of the folder") from exc
+
+
+def _create(path: Path) -> None:
+    """A new index, whole or never there: the schema and schema_version are built in a temporary
+    file which is fsynced and renamed over `path` (fsafe.create_by_rename). The companions of the
+    empty file it replaces go first: SQLite would apply a stale -wal or -journal to the new file."""
+    for suffix in _COMPANIONS:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.with_name(path.name + suffix))
+
+    def build(tmp: Path) -> None:
+        conn = sqlite3.connect(fsafe.sqlite_uri(tmp), uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30)
+        try:  # no journal, no syncs: a crash leaves only the temporary file, never the index
+            conn.execute("PRAGMA journal_mode=OFF").fetchall()
+            conn.execute("PRAGMA synchronous=OFF")
+            Index(tmp, conn)._create_schema()
+            conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+        finally:
+            conn.close()
+    try:
+        fsafe.create_by_rename(path, build)
+    except (OSError, sqlite3.Error) as exc:  # e.g. a full disk
+        raise StoreIOError(f"creating the index {path} failed: {exc}; nothing was created, free space "
+                           f"or fix the disk and open again") from exc
 
 
 class Index:
@@ -62,22 +133,32 @@ class Index:
         damaged = (f"the store's index {path} is damaged or missing while segment files exist, so its "
                    f"epochs cannot be found or trusted; nothing was changed. Keep a copy of the folder "
                    f"(or move it away to start a new store)")
+        for suffix in ("",) + _COMPANIONS:  # SQLite cannot take O_NOFOLLOW for these: look first
+            fsafe.check_entry(path.with_name(path.name + suffix))
+        fsafe.discard_temp(path)            # a creation a crash cut short: it never was the index
+        if _hot_journal(path):
+            _roll_back(path)                # the checks below see the last commit, as SQLite does
         fresh = not path.exists() or path.stat().st_size == 0
         if fresh and segments_exist:
             raise IndexCorrupt(damaged)
         if fresh and not create:
             raise StoreError(f"no capsule store at {path.parent} (pass create=True to make one)")
         if fresh:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # WAL/SHM inherit this mode
+            _create(path)   # 0600 like its temporary file: WAL/SHM inherit the mode
         else:
             check_sqlite_header(path)
         os.chmod(path, 0o600)
-        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+        conn = sqlite3.connect(fsafe.sqlite_uri(path), uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30)
         index = cls(path, conn)
         try:
             with index._guard("opening"):
                 conn.execute("PRAGMA journal_mode=WAL").fetchall()
                 conn.execute("PRAGMA synchronous=FULL")
+                # keep the WAL small on a robot's flash: checkpoint every 256 pages (1 MiB), and
+                # truncate the file back to 1 MiB after a checkpoint instead of keeping its peak
+                conn.execute("PRAGMA wal_autocheckpoint=256")
+                conn.execute("PRAGMA journal_size_limit=1048576")
                 if not index._initialized():
                     if segments_exist:
                         raise IndexCorrupt(damaged)
@@ -98,10 +179,13 @@ class Index:
         try:
             yield
         except sqlite3.Error as exc:
-            if _is_corruption(exc):
+            # a constraint failing on our own writes, or text that is not UTF-8, is damage too
+            if _is_corruption(exc) or isinstance(exc, sqlite3.IntegrityError) or "decode" in str(exc):
                 raise IndexCorrupt(f"index {self.path} is damaged ({exc}) while {what}; "
                                    f"run `capsule verify` and keep a copy of the folder") from exc
             raise StoreIOError(f"index {self.path} failed while {what}: {exc}") from exc
+        except (UnicodeDecodeError, RowError) as exc:
+            raise IndexCorrupt(f"index {self.path} is damaged ({exc}) while {what}") from exc
 
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -123,12 +207,13 @@ class Index:
     query = _query  # for factdb, which keeps the fact SQL out of this module
 
     def write(self, what: str, apply: Callable[[sqlite3.Connection], None],
-              ends: dict[int, int] | None = None) -> None:
-        """One transaction running apply(conn), plus the segments' new committed ends if given."""
+              ends: dict[int, int] | None = None, head: Head | None = None) -> None:
+        """One transaction running apply(conn), plus the segments' new committed ends and the
+        log's new head if given."""
         with self.transaction(what) as c:
             apply(c)
             if ends:
-                self._set_ends(c, ends)
+                self._set_ends(c, ends, head)
 
     # -- schema / meta -------------------------------------------------------------------------
     def _initialized(self) -> bool:
@@ -158,7 +243,14 @@ class Index:
             factdb.create_schema(self._conn)
 
     def get_meta(self) -> dict[str, str]:
-        return dict(self._query("SELECT key, value FROM meta"))
+        with self._guard("reading the store's metadata"):
+            return rows.meta(self._query("SELECT key, value FROM meta"))
+
+    def head(self) -> Head | None:
+        """The last record committed to the log, as the index recorded it (None: an older store)."""
+        with self._guard("reading the log head"):
+            found = self._query("SELECT value FROM meta WHERE key = 'head'")
+            return rows.head(found[0][0]) if found else None
 
     def init_meta(self, values: dict[str, str]) -> None:
         with self.transaction("initializing the store") as c:
@@ -168,36 +260,44 @@ class Index:
 
     # -- epochs -------------------------------------------------------------------------------
     def latest(self) -> int | None:
-        return self._query("SELECT MAX(id) FROM epochs")[0][0]
+        with self._guard("reading the epochs"):
+            return rows.opt_int(self._query("SELECT MAX(id) FROM epochs")[0][0], "epochs.id")
 
     def epochs(self, where: str = "", args: Iterable = ()) -> list[EpochInfo]:
-        rows = self._query(f"SELECT {_EPOCH_COLS} FROM epochs {where} ORDER BY id", args)
-        return [EpochInfo(i, n, c, b, p, json.loads(m), base) for i, n, c, b, p, m, base in rows]
+        with self._guard("reading the epochs"):
+            return [rows.epoch_info(r) for r in self._query(f"SELECT {_EPOCH_COLS} FROM epochs {where} "
+                                                              f"ORDER BY id", args)]
 
     def epoch_ids(self) -> list[int]:
-        return [r[0] for r in self._query("SELECT id FROM epochs ORDER BY id")]
+        with self._guard("reading the epochs"):
+            return [rows.int_(r[0], "epochs.id") for r in self._query("SELECT id FROM epochs ORDER BY id")]
 
     def by_name(self, name: str) -> int | None:
-        rows = self._query("SELECT id FROM epochs WHERE name = ?", (name,))
-        return rows[0][0] if rows else None
+        with self._guard("reading the epochs"):
+            found = self._query("SELECT id FROM epochs WHERE name = ?", (name,))
+            return rows.int_(found[0][0], "epochs.id") if found else None
 
     def manifest_ref(self, epoch: int) -> PageRef | None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch < 1 << 63:
             return None
-        rows = self._query("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?", (epoch,))
-        return PageRef(None, None, epoch, *rows[0]) if rows else None
+        with self._guard("reading the epochs"):
+            found = self._query("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?", (epoch,))
+            return rows.ref(None, None, epoch, *found[0]) if found else None
 
     def view(self, epoch: int) -> list[PageRef]:
         """The page records epoch sees: per (region, idx), the newest row at or before it,
         unless that row is a tombstone. (SQLite takes bare columns from the MAX() row.)"""
-        rows = self._query("SELECT region, idx, MAX(epoch), rec_epoch, segment, offset, length FROM pages "
-                           "WHERE epoch <= ? GROUP BY region, idx", (epoch,))
-        return [PageRef(r, i, re, s, o, n) for r, i, _, re, s, o, n in rows if s is not None]
+        with self._guard("reading the page map"):
+            found = self._query("SELECT region, idx, MAX(epoch), rec_epoch, segment, offset, length FROM pages "
+                                "WHERE epoch <= ? GROUP BY region, idx", (epoch,))
+            return [rows.ref(r, i, re, s, o, n) for r, i, _, re, s, o, n in found if s is not None]
 
     def changed_after(self, epoch: int) -> set[tuple[str, int]]:
-        return set(self._query("SELECT DISTINCT region, idx FROM pages WHERE epoch > ?", (epoch,)))
+        with self._guard("reading the page map"):
+            return {(rows.str_(r, "pages.region"), rows.int_(i, "pages.idx"))
+                    for r, i in self._query("SELECT DISTINCT region, idx FROM pages WHERE epoch > ?", (epoch,))}
 
-    def commit(self, staged: list[StagedEpoch], ends: dict[int, int]) -> None:
+    def commit(self, staged: list[StagedEpoch], ends: dict[int, int], head: Head | None = None) -> None:
         """THE commit point: every staged epoch's rows and the segments' new ends, atomically."""
         with self.transaction("committing epochs") as c:
             for st in staged:
@@ -211,12 +311,14 @@ class Index:
                 c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
                               [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length)
                                for r in st.rows])
-            self._set_ends(c, ends)
+            self._set_ends(c, ends, head)
 
     @staticmethod
-    def _set_ends(c: sqlite3.Connection, ends: dict[int, int]) -> None:
+    def _set_ends(c: sqlite3.Connection, ends: dict[int, int], head: Head | None = None) -> None:
         c.executemany("INSERT INTO segments(id, committed_end, state) VALUES (?, ?, 'live') ON CONFLICT(id) "
                       "DO UPDATE SET committed_end = excluded.committed_end", ends.items())
+        if head is not None:
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('head', ?)", (rows.head_text(head),))
 
     # -- retention ------------------------------------------------------------------------------
     def drop_epochs(self, dropped: list[int]) -> None:
@@ -238,22 +340,24 @@ class Index:
 
     # -- segments / compaction -----------------------------------------------------------------
     def segments(self, state: str = "live") -> dict[int, int]:
-        return dict(self._query("SELECT id, committed_end FROM segments WHERE state = ? ORDER BY id", (state,)))
+        with self._guard("reading the segment list"):
+            return {rows.int_(i, "segments.id"): rows.int_(e, "segments.committed_end") for i, e in
+                    self._query("SELECT id, committed_end FROM segments WHERE state = ? ORDER BY id", (state,))}
 
     def live_records(self, segment: int | None = None) -> list[tuple[int, int, int]]:
         """Distinct (segment, offset, length) of every record some row points at (pages,
-        manifests, facts' KV), in file order."""
+        manifests, facts' KV, forget records), in file order."""
         if segment is None:
-            return self._query("SELECT segment, offset, length FROM pages WHERE segment IS NOT NULL UNION "
-                               "SELECT man_segment, man_offset, man_length FROM epochs UNION "
-                               "SELECT kv_segment, kv_offset, kv_length FROM facts ORDER BY 1, 2")
-        return self._query("SELECT segment, offset, length FROM pages WHERE segment = ? UNION SELECT "
-                           "man_segment, man_offset, man_length FROM epochs WHERE man_segment = ? UNION "
-                           "SELECT kv_segment, kv_offset, kv_length FROM facts WHERE kv_segment = ? "
-                           "ORDER BY 1, 2", (segment, segment, segment))
+            sql, args = " UNION ".join(f"SELECT {s}, {o}, {n} FROM {t}{f}" for t, s, o, n, f in _LOCATIONS), ()
+        else:
+            sql = " UNION ".join(f"SELECT {s}, {o}, {n} FROM {t} WHERE {s} = ?" for t, s, o, n, _ in _LOCATIONS)
+            args = (segment,) * len(_LOCATIONS)
+        with self._guard("reading the record locations"):
+            found = self._query(sql + " ORDER BY 1, 2", args)
+            return [(rows.int_(a, "segment", 1), rows.int_(b, "offset"), rows.int_(c, "length", 1)) for a, b, c in found]
 
     def repoint(self, moves: dict[tuple[int, int], tuple[int, int]], ends: dict[int, int],
-                dead: list[int]) -> None:
+                dead: list[int], head: Head | None = None) -> None:
         """Compaction's commit: rows follow their copied records; old segments become dead."""
         with self.transaction("committing compaction") as c:
             for (seg, off), (nseg, noff) in moves.items():
@@ -263,7 +367,9 @@ class Index:
                           "WHERE man_segment = ? AND man_offset = ?", (nseg, noff, seg, off))
                 c.execute("UPDATE facts SET kv_segment = ?, kv_offset = ? "
                           "WHERE kv_segment = ? AND kv_offset = ?", (nseg, noff, seg, off))
-            self._set_ends(c, ends)
+                c.execute("UPDATE forgets SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
+                          (nseg, noff, seg, off))
+            self._set_ends(c, ends, head)
             c.executemany("UPDATE segments SET state = 'dead' WHERE id = ?", [(s,) for s in dead])
 
     def forget_segments(self, ids: list[int]) -> None:

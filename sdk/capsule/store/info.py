@@ -71,6 +71,20 @@ class PageRef:
 
 
 @dataclass(frozen=True)
+class Head:
+    """The last record committed to the log (kept in the index's meta, checked at open): where it
+    lies and its tag. An index whose head is not the log's last committed record is stale."""
+    segment: int
+    offset: int
+    length: int
+    tag: bytes
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True)
 class StagedEpoch:
     """An epoch appended but not committed: its index rows, waiting for sync()."""
     info: EpochInfo

@@ -14,7 +14,7 @@ from . import factdb, factrows
 from .index import Index
 from .info import PageRef, VerifyReport
 from .reader import check_record, check_ref
-from .records import (RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
+from .records import (KIND_EPOCH, KIND_MANIFEST, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
                       decode_record, parse_header)
 from .segments import FileOps, SegmentReader, SegmentWriter, list_segment_files, segment_path
 
@@ -155,8 +155,9 @@ def _check(segs: SegmentReader, sealer: Sealer, ref: PageRef, scanned: dict[tupl
     """'' when the record at ref is valid and is the record the row expects, else why not."""
     seen = scanned.get((ref.segment, ref.offset))  # type: ignore[arg-type]
     if seen is not None:
-        want = (ref.record_kind, ref.rec_epoch, ref.region or "",
-                ref.index or 0, ref.length)
+        want = (ref.record_kind, ref.rec_epoch, ref.region or "", ref.index or 0, ref.length)
+        if ref.record_kind == KIND_MANIFEST and seen[0] == KIND_EPOCH:
+            want = (KIND_EPOCH, *want[1:])   # an enveloped manifest stands where a bare one did
         return "" if seen == want else f"the record there is {seen}, the index expects {want}"
     try:  # not reached by the scan (it stopped at damage earlier in the segment)
         check_ref(ref)

@@ -19,6 +19,9 @@ FORMAT_VERSION = 1
 # The store format in index meta: 2 once a fact was written (kind-3 records exist). An SDK that
 # reads only 1 refuses such a store instead of compacting fact records away as dead bytes.
 FACTS_FORMAT_VERSION = 2
+# 3: the log is self-describing (epoch envelopes, fact records holding their rows, forget
+# records), so the index can be rebuilt from it; older SDKs refuse it rather than misread it
+STORE_FORMAT_VERSION = 3
 SEGMENT_MAGIC = b"CAPSSEG\x00"
 # magic, format version, flags, segment id, xxh3_64 of the preceding 16 bytes
 SEGMENT_HEADER = struct.Struct("<8sHHIQ")
@@ -28,12 +31,19 @@ RECORD_MAGIC = b"CREC"
 # (a fact record: epoch = the fact's KV version, page index = the fact id)
 RECORD_HEADER = struct.Struct("<4sHBBQQHQ")
 KIND_PAGE, KIND_MANIFEST, KIND_FACT = 1, 2, 3
+# KIND_EPOCH: a manifest wrapped in the store's epoch envelope (envelope.py: store id, epoch
+# fields and the listing of every record its view uses); KIND_MANIFEST is the older, bare form.
+# KIND_FORGET: a fact was forgotten (page index = its id), so a rebuilt index forgets it too.
+KIND_EPOCH, KIND_FORGET = 4, 5
+KINDS = (KIND_PAGE, KIND_MANIFEST, KIND_FACT, KIND_EPOCH, KIND_FORGET)
 FACT_REGION = "fact"  # the region name of every fact record; its page index is the fact id
 TAG_XXH3, TAG_HMAC = 1, 2
 TAG_BYTES = {TAG_XXH3: 8, TAG_HMAC: 32}
 MAX_NAME_BYTES = 1024
 MAX_PAYLOAD_BYTES = 1 << 30
 MAX_EPOCH = MAX_PAGE_INDEX = (1 << 63) - 1  # SQLite integers are signed 64-bit
+# a manifest is host metadata (small JSON) plus the store's page listing: far below this
+MAX_MANIFEST_BYTES = 64 << 20
 MAX_RECORD_BYTES = RECORD_HEADER.size + MAX_NAME_BYTES + MAX_PAYLOAD_BYTES + max(TAG_BYTES.values())
 
 
@@ -69,6 +79,10 @@ class Sealer:
     @property
     def signed(self) -> bool:
         return self._key is not None
+
+    @property
+    def tag_bytes(self) -> int:
+        return TAG_BYTES[self.tag_kind]
 
     def tag(self, *parts: Buffer) -> bytes:
         if self._key is None:
@@ -124,7 +138,7 @@ def parse_header(buf: Buffer) -> RecordHeader:
         raise RecordError("bad record magic (not a record boundary, or overwritten)")
     if version != FORMAT_VERSION:
         raise RecordError(f"record format version {version} is not supported (this SDK reads {FORMAT_VERSION})")
-    if kind not in (KIND_PAGE, KIND_MANIFEST, KIND_FACT):
+    if kind not in KINDS:
         raise RecordError(f"unknown record kind {kind}")
     if tag_kind not in TAG_BYTES:
         raise RecordError(f"unknown tag kind {tag_kind}")

@@ -16,70 +16,82 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
 from . import lockfile, maintenance
 from .commit import Committer
-from .errors import PageCorrupt, SigningKeyError, UnknownEpoch
+from .errors import IndexCorrupt, PageCorrupt, UnknownEpoch
 from .facts import FactsMixin
 from .index import Index
-from .info import EpochInfo, VerifyReport
+from .info import EpochInfo, PageRef, VerifyReport
+from .opening import Opened, open_index
 from .reader import read_manifest, read_pages
-from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, Sealer
+from .records import Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
 
 # what a store puts in its folder besides LOCK (a failed open of a new store removes them again)
-OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal")
+OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal",
+         "index.sqlite.rebuild", "quarantine")
 
 
 class Store(FactsMixin):
     """A durable, crash-consistent, append-only page store (bytes in, bytes out), which also keeps
     memory facts (add_fact, fact_kv, search_facts, ...: see facts.py). Use Store.open."""
 
-    def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
+    def __init__(self, path: Path, opened: Opened, sealer: Sealer, fs: FileOps, segment_bytes: int,
                  lock_fd: int):
-        self.path, self._index, self._sealer, self._fs = path, index, sealer, fs
+        self.path, self._index, self._sealer, self._fs = path, opened.index, sealer, fs
         self._seg_dir = path / "segments"
         self._lock_fd: int | None = lock_fd
         self._wlock = threading.RLock()   # serializes writers; taken before _lock
         self._lock = threading.RLock()    # guards the index connection and segment deletion
-        self._commit = Committer(path, index, sealer, fs, segment_bytes, self._lock)
+        self._store_id, self._legacy_until = opened.store_id, opened.legacy_until
+        self._commit = Committer(path, opened.index, sealer, fs, segment_bytes, self._lock, opened.store_id)
+        # what recovery did at open (index rebuilt, bytes cut or set aside in quarantine/): logged
+        # as warnings too; empty after a clean open
+        self.recovery_report: list[str] = list(opened.report)
 
     # -- lifetime -----------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike, *, create: bool = True, sign_key: bytes | None = None,
              segment_bytes: int = 64 << 20, fs: FileOps | None = None) -> "Store":
         """Open (or create) the store folder, take its LOCK and recover. O(1) in history length."""
-        path = Path(path)
         if not isinstance(segment_bytes, int) or not 4096 <= segment_bytes <= 1 << 40:
             raise ValueError(f"segment_bytes must be an int in 4096..2**40, got {segment_bytes!r}")
         sealer = Sealer(sign_key)
+        if os.path.islink(path) and not os.path.exists(path):
+            raise StoreError(f"store path {os.fspath(path)!r} is a link to {os.readlink(path)!r}, which does "
+                             f"not exist (is its disk mounted?); nothing was created")
+        # the folder itself may be a link (/data/robot -> /mnt/sd/robot): resolved once here; no
+        # entry inside may be one (UnsafeStore: lockfile.check_folder, fsafe, list_segment_files)
+        path = Path(os.path.realpath(path))
         if path.exists() and not path.is_dir():
             raise StoreError(f"store path {str(path)!r} is a regular file; give a folder path")
-        if not create and not (path / "index.sqlite").exists() and not (path / "segments").exists():
+        lockfile.check_folder(path, OWNED)
+        if not create and not os.path.lexists(path / "index.sqlite") and not os.path.lexists(path / "segments"):
             raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
         # a failed open of a NEW store removes what it added (folder, LOCK, index files, segments/)
         folder = lockfile.lock_folder(path, is_new=lambda: not holds_store(path), owned=OWNED)
         try:
             seg_dir = path / "segments"
             seg_dir.mkdir(mode=0o700, exist_ok=True)
-            files = list_segment_files(seg_dir)
-            index = Index.open(path / "index.sqlite", create=create, segments_exist=bool(files))
+            fs = fs or FileOps()
             try:
-                _check_signing(path, index, sealer)
-                store = cls(path, index, sealer, fs or FileOps(), segment_bytes, folder.fd)
+                opened = open_index(path, sealer, fs, create=create)
+            except OSError as exc:
+                raise StoreError(f"store {path} could not be recovered: {exc}") from exc
+            try:
+                store = cls(path, opened, sealer, fs, segment_bytes, folder.fd)
                 store._recover()
                 return store
             except OSError as exc:
-                index.close()
+                opened.index.close()
                 raise StoreError(f"store {path} could not be recovered: {exc}") from exc
             except BaseException:
-                index.close()
+                opened.index.close()
                 raise
         except BaseException:
             folder.abandon()
@@ -145,32 +157,71 @@ class Store(FactsMixin):
             maintenance.delete_dead_segments(self._index, self._fs, self._seg_dir)
         self._commit.reset_to_committed()
 
+    def repair(self, why: str = "asked for (Store.repair)") -> list[str]:
+        """Rebuild index.sqlite from the segment log (the old index files go to quarantine/);
+        returns what was done (also appended to recovery_report). Epochs whose records are all
+        intact come back, with facts and forgets; nothing in the segments is changed."""
+        with self._wlock, self._lock:
+            self._check_open()
+            self._commit.sync()   # staged epochs are in the log: commit them first
+            self._index.close()
+            try:
+                opened = open_index(self.path, self._sealer, self._fs, create=False, force_rebuild=why)
+            except BaseException:
+                self._index = Index.open(self.path / "index.sqlite", create=False, segments_exist=True)
+                self._commit.attach_index(self._index)
+                raise
+            self._index = opened.index
+            self._store_id, self._legacy_until = opened.store_id, opened.legacy_until
+            self._commit.attach_index(opened.index, opened.store_id)
+            self._commit.reset_to_committed()
+            self.recovery_report += opened.report
+            return list(opened.report)
+
+    def _repair_once(self, exc: IndexCorrupt, repaired: list[bool]) -> None:
+        """A read found the index wrong: rebuild it, once per call (the second time, raise)."""
+        if repaired:
+            raise exc
+        repaired.append(True)
+        self.repair(str(exc))
+
     # -- read ---------------------------------------------------------------------------------
     def epochs(self) -> list[EpochInfo]:
         """Committed, retained epochs, oldest first."""
-        with self._lock:
-            self._check_open()
-            return self._index.epochs()
+        return self._reading(self._index_epochs)
 
     def latest_epoch(self) -> int | None:
-        with self._lock:
-            self._check_open()
-            return self._index.latest()
+        return self._reading(lambda: self._index.latest())
 
     def resolve(self, epoch_or_name: int | str) -> int:
         """The id of a retained epoch given its id or name (a str of digits is tried as an id too)."""
-        with self._lock:
-            self._check_open()
-            found = None
-            if isinstance(epoch_or_name, int) and not isinstance(epoch_or_name, bool):
-                found = epoch_or_name if self._index.manifest_ref(epoch_or_name) else None
-            elif isinstance(epoch_or_name, str):
-                found = self._index.by_name(epoch_or_name)
-                if found is None and epoch_or_name.strip().isdigit():
-                    found = int(epoch_or_name) if self._index.manifest_ref(int(epoch_or_name)) else None
-            if found is None:
-                raise UnknownEpoch(f"no epoch {epoch_or_name!r} in store {self.path}; {self._known()}")
-            return found
+        return self._reading(lambda: self._resolve(epoch_or_name))
+
+    def _index_epochs(self) -> list[EpochInfo]:
+        return self._index.epochs()
+
+    def _resolve(self, epoch_or_name: int | str) -> int:
+        found = None
+        if isinstance(epoch_or_name, int) and not isinstance(epoch_or_name, bool):
+            found = epoch_or_name if self._index.manifest_ref(epoch_or_name) else None
+        elif isinstance(epoch_or_name, str):
+            found = self._index.by_name(epoch_or_name)
+            if found is None and epoch_or_name.strip().isdigit():
+                found = int(epoch_or_name) if self._index.manifest_ref(int(epoch_or_name)) else None
+        if found is None:
+            raise UnknownEpoch(f"no epoch {epoch_or_name!r} in store {self.path}; {self._known()}")
+        return found
+
+    def _reading(self, read: Callable[[], Any]) -> Any:
+        """Run an index read under the state lock; a damaged index is rebuilt once, then read again."""
+        repaired: list[bool] = []
+        while True:
+            try:
+                with self._lock:
+                    self._check_open()
+                    return read()
+            except IndexCorrupt as exc:
+                self._repair_once(exc, repaired)
 
     def _known(self) -> str:
         infos = self._index.epochs()
@@ -183,59 +234,73 @@ class Store(FactsMixin):
 
     def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None
                    ) -> tuple[bytes, dict[str, dict[int, bytes]]]:
-        """(manifest, {region: {index: page}}): the epoch's full view, every record verified.
-        max_page_bytes: refuse (PageCorrupt) a page whose record claims a bigger payload, before
-        anything is read or allocated for it (the caller knows its largest page)."""
-        with self._lock:
-            self._check_open()
-            manifest = self._index.manifest_ref(epoch)
-            if manifest is None:
-                raise UnknownEpoch(f"no epoch {epoch!r} in store {self.path}; {self._known()}")
-            with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-                man = read_manifest(segs, self._sealer, manifest, epoch)
-                return man, read_pages(segs, self._sealer, self._index.view(epoch), epoch, max_page_bytes)
+        """(manifest, {region: {index: page}}): the epoch's full view, every record verified
+        (and, for an epoch with an envelope, exactly the records it lists: an index that says
+        otherwise is rebuilt from the log first). max_page_bytes: refuse (PageCorrupt) a page
+        whose record claims a bigger payload, before anything is read or allocated for it."""
+        repaired: list[bool] = []
+        while True:
+            try:
+                with self._lock:
+                    self._check_open()
+                    manifest = self._index.manifest_ref(epoch)
+                    if manifest is None:
+                        raise UnknownEpoch(f"no epoch {epoch!r} in store {self.path}; {self._known()}")
+                    with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
+                        return self._read(segs, manifest, epoch, max_page_bytes, None)
+            except IndexCorrupt as exc:
+                self._repair_once(exc, repaired)
 
     def load_newest_valid(self, accept: Callable[[int, bytes], None] | None = None, *,
                           max_page_bytes: int | None = None
                           ) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
         """Newest epoch whose every record verifies: (epoch, manifest, pages, skipped reports).
         None when the store holds no epoch; CapsuleCorrupt when it holds some and none is valid.
+        (What recovery did at open, such as a rebuilt index, is in recovery_report.)
 
         accept(epoch, manifest): called before an epoch's pages are read; raising a CapsuleError
         (CapsuleCorrupt: the manifest is unreadable; CapsuleMismatch: it belongs to another
         model) skips the epoch, reported like a damaged one. When no epoch is valid and some
         were refused with CapsuleMismatch, the newest such CapsuleMismatch is raised."""
-        with self._lock:
-            self._check_open()
-            ids = self._index.epoch_ids()
-            bad: set[tuple[int | None, int | None]] = set()
-            skipped: list[str] = []
-            mismatch: CapsuleMismatch | None = None
-            with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-                for epoch in reversed(ids):
-                    manifest, view = self._index.manifest_ref(epoch), self._index.view(epoch)
-                    if manifest is None:
-                        continue  # dropped concurrently
-                    if any(ref.location in bad for ref in (manifest, *view)):
-                        skipped.append(f"epoch {epoch}: uses a record already found corrupt")
-                        continue
-                    try:
-                        man = read_manifest(segs, self._sealer, manifest, epoch)
-                        if accept is not None:
-                            accept(epoch, man)
-                        pages = read_pages(segs, self._sealer, view, epoch, max_page_bytes)
-                    except PageCorrupt as exc:
-                        bad.add((exc.segment, exc.offset))
-                        skipped.append(exc.summary)
-                        continue
-                    except CapsuleMismatch as exc:
-                        mismatch = mismatch or exc
-                        skipped.append(f"epoch {epoch}: {exc}")
-                        continue
-                    except CapsuleError as exc:
-                        skipped.append(f"epoch {epoch}: {exc}")
-                        continue
-                    return epoch, man, pages, skipped
+        repaired: list[bool] = []
+        while True:
+            try:
+                with self._lock:
+                    self._check_open()
+                    return self._newest_valid(accept, max_page_bytes)
+            except IndexCorrupt as exc:
+                self._repair_once(exc, repaired)
+
+    def _newest_valid(self, accept: Callable[[int, bytes], None] | None, max_page_bytes: int | None
+                      ) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
+        ids = self._index.epoch_ids()
+        bad: set[tuple[int | None, int | None]] = set()
+        skipped: list[str] = []
+        mismatch: CapsuleMismatch | None = None
+        with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
+            for epoch in reversed(ids):
+                manifest = self._index.manifest_ref(epoch)
+                if manifest is None:
+                    continue  # dropped concurrently
+                if manifest.location in bad:
+                    skipped.append(f"epoch {epoch}: uses a record already found corrupt")
+                    continue
+                try:
+                    man, pages = self._read(segs, manifest, epoch, max_page_bytes, accept, bad)
+                except PageCorrupt as exc:
+                    bad.add((exc.segment, exc.offset))
+                    skipped.append(exc.summary)
+                    continue
+                except CapsuleMismatch as exc:
+                    mismatch = mismatch or exc
+                    skipped.append(f"epoch {epoch}: {exc}")
+                    continue
+                except IndexCorrupt:
+                    raise
+                except CapsuleError as exc:
+                    skipped.append(f"epoch {epoch}: {exc}")
+                    continue
+                return epoch, man, pages, skipped
         if not ids:
             return None
         if mismatch is not None:
@@ -245,6 +310,20 @@ class Store(FactsMixin):
         raise CapsuleCorrupt(f"store {self.path} holds {len(ids)} epochs ({ids[0]}..{ids[-1]}) and none is "
                              f"fully valid; skipped: {' | '.join(skipped[:8])}. Keep a copy of the folder "
                              f"and run `capsule verify`")
+
+    def _read(self, segs: SegmentReader, manifest: PageRef, epoch: int, max_page_bytes: int | None,
+              accept: Callable[[int, bytes], None] | None, bad: set | None = None
+              ) -> tuple[bytes, dict[str, dict[int, bytes]]]:
+        """One epoch: its manifest (envelope checked against this store), accept, its view."""
+        man = read_manifest(segs, self._sealer, manifest, epoch, self._store_id, self._legacy_until)
+        if accept is not None:
+            accept(epoch, man.app)
+        view = self._index.view(epoch)
+        if bad and any(ref.location in bad for ref in view):
+            raise PageCorrupt(epoch, None, None, manifest.segment or -1, manifest.offset or -1,
+                              "uses a page record already found corrupt", loading=epoch)
+        listing = man.envelope.listing if man.envelope is not None else None
+        return man.app, read_pages(segs, self._sealer, view, epoch, max_page_bytes, listing)
 
     # -- maintenance (see maintenance.py) ---------------------------------------------------------
     def retain(self, keep: int) -> int:
@@ -282,29 +361,13 @@ class Store(FactsMixin):
             raise StoreError(f"store {self.path} is closed")
 
 
-def _check_signing(path: Path, index: Index, sealer: Sealer) -> None:
-    meta = index.get_meta()
-    if "store_id" not in meta:  # a new store
-        store_id = uuid.uuid4().hex
-        index.init_meta({"store_id": store_id, "format_version": str(FORMAT_VERSION),
-                         "created": str(time.time()), "signed": "1" if sealer.signed else "0",
-                         "key_check": sealer.key_check(store_id)})
-        os.chmod(path, 0o700)
-        return
-    if meta.get("format_version") not in (str(FORMAT_VERSION), str(FACTS_FORMAT_VERSION)):
-        raise StoreError(f"store {path} has format version {meta.get('format_version')}; this SDK reads "
-                         f"{FORMAT_VERSION} and {FACTS_FORMAT_VERSION} (upgrade the SDK)")
-    if meta.get("signed") == "1" and not sealer.signed:
-        raise SigningKeyError(f"store {path} is signed: open it with its sign_key")
-    if meta.get("signed") != "1" and sealer.signed:
-        raise SigningKeyError(f"store {path} was created without signing; open it without sign_key")
-    if sealer.signed and sealer.key_check(meta["store_id"]) != meta.get("key_check"):
-        raise SigningKeyError(f"sign_key is not the key store {path} was created with")
-
-
 def holds_store(path: Path) -> bool:
-    """Whether the folder holds a store's data (a non-empty index or a segment file)."""
-    index = path / "index.sqlite"
-    if index.exists() and index.stat().st_size > 0:
+    """Whether the folder holds a store's data (a non-empty index or a segment file). It looks
+    (lstat), never follows: an index that is a link or no regular file counts as data, so the
+    open refuses it by name (UnsafeStore) instead of taking the folder for a new store."""
+    index = os.path.join(path, "index.sqlite")
+    if os.path.lexists(index) and (os.path.islink(index) or not os.path.isfile(index)
+                                   or os.lstat(index).st_size > 0):
         return True
-    return (path / "segments").is_dir() and bool(list_segment_files(path / "segments"))
+    segments = os.path.join(path, "segments")
+    return os.path.lexists(segments) and bool(os.path.islink(segments) or list_segment_files(Path(segments)))

@@ -1,0 +1,130 @@
+"""The epoch envelope: what a KIND_EPOCH record holds, so the log alone says what an epoch is.
+
+payload = magic (8) | head length (u32) | head (JSON) | listing | the caller's manifest bytes
+
+head: {"store": store id, "epoch", "base", "name", "created", "meta", "page_bytes", "n_pages",
+"regions": [[name, count], ...]}. listing, per region in head order: count u64 page indexes
+(strictly increasing), count u64 record epochs, count record tags. Together they name every page
+record the epoch's view uses, by identity (region, index, epoch that wrote it) and tag (the
+record's xxh3 / HMAC). The tag of the envelope's own record covers all of it: an index row that
+points at another record, or a record from another store, can never pass for one listed here,
+and a signed store's listing cannot be changed without the key. Pure functions over bytes; what
+is decoded is untrusted and bounded before anything is allocated for it (RecordError otherwise).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import safejson
+from .records import MAX_EPOCH, MAX_NAME_BYTES, MAX_PAGE_INDEX, Buffer, RecordError
+
+MAGIC = b"CPEPOCH\x01"
+_HEAD = struct.Struct("<8sI")
+MAX_HEAD_BYTES = 16 << 20
+# (region, index) -> (epoch of the record, its tag), held per region: a delta touches few regions
+Listing = dict[str, dict[int, tuple[int, bytes]]]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    store_id: str
+    epoch: int
+    base: int
+    name: str | None
+    created: float
+    meta: dict[str, Any]
+    page_bytes: int             # bytes of the page records this epoch wrote
+    n_pages: int                # how many it wrote (listing entries whose epoch is this one)
+    listing: Listing = field(hash=False, compare=False)
+    app: bytes = b""            # the caller's manifest
+
+    def entries(self) -> int:
+        return sum(len(pages) for pages in self.listing.values())
+
+
+def encode(env: Envelope, tag_bytes: int) -> bytes:
+    regions = sorted(env.listing)
+    head = {"store": env.store_id, "epoch": env.epoch, "base": env.base, "name": env.name,
+            "created": env.created, "meta": env.meta, "page_bytes": env.page_bytes, "n_pages": env.n_pages,
+            "regions": [[r, len(env.listing[r])] for r in regions]}
+    head_bytes = safejson.dumps(head)
+    parts = [_HEAD.pack(MAGIC, len(head_bytes)), head_bytes]
+    for region in regions:
+        pages = env.listing[region]
+        idxs = sorted(pages)
+        parts.append(struct.pack(f"<{len(idxs)}Q", *idxs))
+        parts.append(struct.pack(f"<{len(idxs)}Q", *(pages[i][0] for i in idxs)))
+        tags = b"".join(pages[i][1] for i in idxs)
+        if len(tags) != tag_bytes * len(idxs):
+            raise ValueError("a listed tag has the wrong length")
+        parts.append(tags)
+    parts.append(bytes(env.app))
+    return b"".join(parts)
+
+
+def is_envelope(payload: Buffer) -> bool:
+    return len(payload) >= _HEAD.size and bytes(payload[:8]) == MAGIC
+
+
+def decode(payload: Buffer, tag_bytes: int) -> Envelope:
+    """Parse and bound-check an envelope (RecordError on anything off)."""
+    view = memoryview(payload).cast("B")
+    if not is_envelope(view):
+        raise RecordError("epoch record does not start with the envelope magic")
+    _, head_len = _HEAD.unpack_from(view)
+    if head_len > min(MAX_HEAD_BYTES, len(view) - _HEAD.size):
+        raise RecordError(f"envelope head claims {head_len} bytes; the record holds {len(view)}")
+    try:
+        head = safejson.loads(view[_HEAD.size:_HEAD.size + head_len], what="envelope head",
+                              max_bytes=MAX_HEAD_BYTES, max_depth=8)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
+    fields = _head_fields(head)
+    pos = _HEAD.size + head_len
+    listing: Listing = {}
+    width = 16 + tag_bytes
+    for region, count in fields["regions"]:
+        if count > (len(view) - pos) // width:
+            raise RecordError(f"envelope lists {count} pages of {region!r}; the record holds fewer")
+        idxs = struct.unpack_from(f"<{count}Q", view, pos)
+        recs = struct.unpack_from(f"<{count}Q", view, pos + 8 * count)
+        tags_at = pos + 16 * count
+        pos = tags_at + tag_bytes * count
+        if any(b <= a for a, b in zip(idxs, idxs[1:])) or (count and idxs[-1] > MAX_PAGE_INDEX):
+            raise RecordError(f"envelope page indexes of {region!r} are not strictly increasing in range")
+        if any(not 1 <= r <= fields["epoch"] for r in recs):
+            raise RecordError(f"envelope lists a page of {region!r} written after its own epoch")
+        listing[region] = {i: (r, bytes(view[tags_at + k * tag_bytes:tags_at + (k + 1) * tag_bytes]))
+                           for k, (i, r) in enumerate(zip(idxs, recs))}
+    env = Envelope(fields["store"], fields["epoch"], fields["base"], fields["name"], fields["created"],
+                   fields["meta"], fields["page_bytes"], fields["n_pages"], listing, bytes(view[pos:]))
+    written = sum(1 for pages in listing.values() for r, _ in pages.values() if r == env.epoch)
+    if written != env.n_pages:
+        raise RecordError(f"envelope says it wrote {env.n_pages} pages but lists {written}")
+    return env
+
+
+def _head_fields(head: Any) -> dict[str, Any]:
+    if not isinstance(head, dict):
+        raise RecordError("envelope head is not an object")
+    want = {"store": str, "epoch": int, "base": int, "name": (str, type(None)), "created": (int, float),
+            "meta": dict, "page_bytes": int, "n_pages": int, "regions": list}
+    for key, kind in want.items():
+        value = head.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise RecordError(f"envelope field {key!r} is missing or of the wrong type")
+    if not 1 <= head["epoch"] <= MAX_EPOCH or not 0 <= head["base"] < head["epoch"]:
+        raise RecordError("envelope epoch / base out of range")
+    if not math.isfinite(head["created"]) or head["page_bytes"] < 0 or head["n_pages"] < 0:
+        raise RecordError("envelope created / page_bytes / n_pages out of range")
+    seen = set()
+    for item in head["regions"]:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str) or not item[0]
+                or isinstance(item[1], bool) or not isinstance(item[1], int) or item[1] < 0
+                or item[0] in seen or len(item[0].encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES):
+            raise RecordError("envelope region list is malformed")
+        seen.add(item[0])
+    return head

@@ -1,0 +1,287 @@
+"""Rebuilding index.sqlite from the segment log alone (the log is the truth; the index a cache).
+
+Every record says what it is; every epoch envelope lists the records its view uses; every fact
+record holds its fact's row; every forget is a record. So a scan of the segments gives back:
+- each epoch whose envelope names this store and whose listed records are all present and
+  verify (an epoch missing a record is left out and reported: damaged, or dropped by retention
+  and compacted);
+- each fact's newest KV record (unless a forget record follows it), with its text and tags;
+- the segments' committed ends and the log's head.
+The new index is built in a temporary file next to the old one, synced, and only then swapped in;
+the old index files are moved into quarantine/, never deleted. No segment byte is changed. Records
+the rebuild cannot place (an older SDK's bare manifests or fact records, another store's records)
+are copied into quarantine/ so compaction can never destroy them.
+
+Threading: the caller holds the Store's writer and state locks (or the store is not open yet).
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import envelope, factdb, factrecord, quarantine
+from .envelope import Envelope, Listing
+from .errors import IndexCorrupt
+from .index import Index
+from .info import EpochInfo, Head, PageRef, StagedEpoch
+from .records import (STORE_FORMAT_VERSION, KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE,
+                      RecordError, Sealer)
+from .scan import Scanned, SegmentScan, payload, scan_segment
+from .segments import Position, list_segment_files, segment_path
+
+
+
+@dataclass
+class Found:
+    """What a scan of the whole log holds, sorted out."""
+    scans: list[SegmentScan]
+    pages: dict[tuple[int, str, int], list[Scanned]] = field(default_factory=dict)
+    envelopes: dict[int, list[tuple[Scanned, Envelope]]] = field(default_factory=dict)
+    facts: dict[int, list[Scanned]] = field(default_factory=dict)
+    forgets: dict[int, Scanned] = field(default_factory=dict)
+    stray: list[tuple[Scanned, str]] = field(default_factory=list)   # valid records it cannot place
+
+
+def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: str | None, why: str,
+                  progress: Callable[[int, int], None] | None = None) -> list[str]:
+    """Replace path/index.sqlite by one built from path/segments; returns the report lines.
+    IndexCorrupt (nothing changed) when the log cannot stand in for the index."""
+    seg_dir = path / "segments"
+    files = sorted(list_segment_files(seg_dir))
+    scans = []
+    for n, seg in enumerate(files):
+        scans.append(scan_segment(seg_dir, seg, sealer))
+        if progress is not None:
+            progress(n + 1, len(files))
+    found = _sort_out(seg_dir, sealer, scans)
+    store_id = store_id or _store_id(found) or uuid.uuid4().hex
+    report = [f"index rebuilt from the segment log ({why})"]
+    epochs = _adoptable(found, store_id, report)
+    facts = _fact_rows(seg_dir, sealer, found, store_id, report)
+    _refuse_if_unsafe(found, scans, epochs, facts, sealer)
+    if found.stray:
+        report.append(quarantine.copy_records(path, [(r, why) for r, why in found.stray]))
+    _sync_segments(seg_dir, scans)   # what the new index adopts must be durable before it commits
+    tmp = path / "index.sqlite.rebuild"
+    quarantine.remove_leftover(tmp)
+    index = Index.open(tmp, create=True, segments_exist=False)
+    try:
+        _write(index, sealer, store_id, created, epochs, facts, found)
+    finally:
+        index.close()
+    quarantine.swap_index(path, tmp)
+    report.append(f"{len(epochs)} epochs ({', '.join(str(e.epoch) for _, e in epochs[-6:])}"
+                  f"{' ...' if len(epochs) > 6 else ''}) and {len(facts)} facts recovered")
+    return report
+
+
+def _sync_segments(seg_dir: Path, scans: list[SegmentScan]) -> None:
+    """fsync every readable segment: a crashed writer may have left adopted records unsynced."""
+    for scan in scans:
+        if scan.header_error is None and scan.records:
+            fd = os.open(segment_path(seg_dir, scan.segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _sort_out(seg_dir: Path, sealer: Sealer, scans: list[SegmentScan]) -> Found:
+    found = Found(scans)
+    for scan in scans:
+        for rec in scan.records:
+            if rec.kind == KIND_PAGE:
+                found.pages.setdefault((rec.epoch, rec.region, rec.index), []).append(rec)
+            elif rec.kind == KIND_EPOCH:
+                try:
+                    env = envelope.decode(payload(seg_dir, rec, sealer), sealer.tag_bytes)
+                except RecordError as exc:
+                    found.stray.append((rec, f"unreadable envelope: {exc}"))
+                    continue
+                if env.epoch != rec.epoch:
+                    found.stray.append((rec, "envelope of another epoch than its record"))
+                    continue
+                found.envelopes.setdefault(rec.epoch, []).append((rec, env))
+            elif rec.kind == KIND_FACT:
+                found.facts.setdefault(rec.index, []).append(rec)
+            elif rec.kind == KIND_FORGET:
+                found.forgets[rec.index] = rec
+            elif rec.kind == KIND_MANIFEST:
+                found.stray.append((rec, "bare manifest of an older SDK (no record listing)"))
+    return found
+
+
+def _store_id(found: Found) -> str | None:
+    ids = Counter(env.store_id for cands in found.envelopes.values() for _, env in cands)
+    return ids.most_common(1)[0][0] if ids else None
+
+
+def _adoptable(found: Found, store_id: str, report: list[str]) -> list[tuple[Scanned, Envelope]]:
+    """Per epoch, the newest envelope of this store whose every listed record is present."""
+    out, missing = [], []
+    for epoch in sorted(found.envelopes):
+        best = None
+        for rec, env in found.envelopes[epoch]:
+            if env.store_id != store_id:
+                found.stray.append((rec, f"envelope of another store ({env.store_id})"))
+            elif _complete(found, env.listing):
+                best = (rec, env)       # later in the log wins: an epoch number reused after a cut
+        if best is None:
+            missing.append(epoch)
+        else:
+            out.append(best)
+    if missing:
+        report.append(f"epochs left out, records missing or damaged (or dropped by retention): "
+                      f"{_ids(missing)}")
+    return out
+
+
+def _complete(found: Found, listing: Listing) -> bool:
+    return all(_locate(found, region, idx, rec, tag) is not None
+               for region, pages in listing.items() for idx, (rec, tag) in pages.items())
+
+
+def _locate(found: Found, region: str, idx: int, rec: int, tag: bytes) -> Scanned | None:
+    for cand in found.pages.get((rec, region, idx), ()):
+        if cand.tag == tag:
+            return cand
+    return None
+
+
+def _fact_rows(seg_dir: Path, sealer: Sealer, found: Found, store_id: str,
+               report: list[str]) -> list[tuple[Scanned, factrecord.FactMeta]]:
+    """Per fact id not forgotten, its newest KV record that names its fact."""
+    out, legacy = [], []
+    for fid in sorted(found.facts):
+        if fid in found.forgets:
+            continue
+        for rec in sorted(found.facts[fid], key=lambda r: (r.epoch, r.segment, r.offset), reverse=True):
+            try:
+                meta, _ = factrecord.decode(payload(seg_dir, rec, sealer))
+            except RecordError as exc:
+                found.stray.append((rec, f"unreadable fact record: {exc}"))
+                continue
+            if meta is None:
+                found.stray.append((rec, "fact record of an older SDK (its text is not in the log)"))
+                legacy.append(fid)
+            elif meta.store_id != store_id:
+                found.stray.append((rec, f"fact record of another store ({meta.store_id})"))
+                continue
+            else:
+                out.append((rec, meta))
+            break
+    if legacy:
+        report.append(f"facts {_ids(legacy)} were written by an older SDK and cannot be rebuilt: their "
+                      f"records are copied into quarantine/")
+    return out
+
+
+def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, facts: list, sealer: Sealer) -> None:
+    """A rebuild must never stand in for an index it cannot replace (nothing is changed then)."""
+    held = sum(max(0, s.size - s.start) for s in scans)
+    valid = sum(len(s.records) for s in scans)
+    if held and not valid:
+        raise IndexCorrupt(f"no record of the {len(scans)} segment files verifies"
+                           + (" with this sign_key (wrong key?)" if sealer.signed else "")
+                           + "; the index cannot be rebuilt. Nothing was changed; keep a copy of the folder")
+    bare = [r.epoch for r, why in found.stray if r.kind == KIND_MANIFEST]
+    newest = max((e.epoch for _, e in epochs), default=0)
+    if bare and max(bare) > newest:
+        raise IndexCorrupt(f"the log's newest epochs ({_ids(sorted(set(bare)))}) were written by an older SDK "
+                           f"without record listings, so the index cannot be rebuilt from it. Nothing was "
+                           f"changed; restore index.sqlite from a backup, or keep a copy of the folder")
+
+
+def _write(index: Index, sealer: Sealer, store_id: str, created: str | None,
+           epochs: list[tuple[Scanned, Envelope]], facts: list, found: Found) -> None:
+    used: dict[int, int] = {}                     # segment -> end of the last record in use
+
+    def use(rec: Scanned) -> None:
+        used[rec.segment] = max(used.get(rec.segment, 0), rec.offset + rec.length)
+
+    staged, prev = [], {}
+    names = Counter(env.name for _, env in epochs if env.name is not None)
+    for rec, env in epochs:
+        rows = _rows(found, env, prev, use)
+        use(rec)
+        name = env.name if env.name is None or names[env.name] == 1 or env is _last_named(epochs, env.name) \
+            else None                             # a name reused after its first epoch was dropped
+        info = EpochInfo(env.epoch, name, env.created, env.page_bytes + rec.length, env.n_pages, env.meta, env.base)
+        staged.append(StagedEpoch(info, PageRef(None, None, env.epoch, rec.segment, rec.offset, rec.length),
+                                  tuple(rows), Position(None, 0)))
+        prev = env.listing
+    for rec in found.forgets.values():
+        use(rec)
+    for rec, _ in facts:
+        use(rec)
+    ends = _ends(found.scans, used)
+    index.init_meta({"store_id": store_id, "format_version": str(STORE_FORMAT_VERSION),
+                     "created": created or str(time.time()), "signed": "1" if sealer.signed else "0",
+                     "key_check": sealer.key_check(store_id), "legacy_until": "0",
+                     "rebuilt": str(time.time())})
+    index.commit(staged, ends, _head(found.scans, ends))
+    top_id = max([*found.facts, *found.forgets], default=0)
+    index.write("rebuilding the facts", lambda c: _facts(c, facts, found, top_id))
+
+
+def _rows(found: Found, env: Envelope, prev: Listing, use: Callable[[Scanned], None]) -> list[PageRef]:
+    """The index rows that turn the previous adopted epoch's view into env's."""
+    rows = []
+    for region, pages in env.listing.items():
+        old = prev.get(region, {})
+        for idx, (rec_epoch, tag) in pages.items():
+            rec = _locate(found, region, idx, rec_epoch, tag)
+            use(rec)                                                            # type: ignore[arg-type]
+            if old.get(idx) != (rec_epoch, tag):
+                rows.append(PageRef(region, idx, rec_epoch, rec.segment, rec.offset, rec.length))  # type: ignore
+    for region, old in prev.items():
+        gone = old.keys() - env.listing.get(region, {}).keys()
+        rows += [PageRef(region, idx, env.epoch, None, None, None) for idx in sorted(gone)]   # tombstones
+    return rows
+
+
+def _last_named(epochs: list[tuple[Scanned, Envelope]], name: str) -> Envelope:
+    return [env for _, env in epochs if env.name == name][-1]
+
+
+def _ends(scans: list[SegmentScan], used: dict[int, int]) -> dict[int, int]:
+    """Committed end per readable segment: the scan's end; for the highest, the end of the last
+    record in use (what follows is an interrupted write, which recovery settles)."""
+    ok = [s for s in scans if s.header_error is None]
+    ends = {s.segment: s.end for s in ok}
+    if ok:
+        top = ok[-1].segment
+        ends[top] = max(used.get(top, 0), ok[-1].start)
+    return ends
+
+
+def _head(scans: list[SegmentScan], ends: dict[int, int]) -> Head | None:
+    if not ends:
+        return None
+    top = max(ends)
+    last = [r for s in scans if s.segment == top for r in s.records if r.offset + r.length == ends[top]]
+    return Head(top, last[0].offset, last[0].length, last[0].tag) if last else None
+
+
+def _facts(c, facts: list, found: Found, top_id: int) -> None:
+    for rec, meta in facts:
+        factdb.insert(c, rec.index, meta.text, list(meta.tags), meta.n_tokens, meta.fingerprint, meta.rope,
+                      meta.created, PageRef("fact", rec.index, rec.epoch, rec.segment, rec.offset, rec.length,
+                                            KIND_FACT), None, None)
+    for fid, rec in found.forgets.items():
+        c.execute("INSERT INTO forgets(id, segment, offset, length) VALUES (?, ?, ?, ?)",
+                  (fid, rec.segment, rec.offset, rec.length))
+    if found.facts or found.forgets:
+        c.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (str(STORE_FORMAT_VERSION),))
+        c.execute("DELETE FROM sqlite_sequence WHERE name = 'facts'")
+        c.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('facts', ?)", (top_id,))  # ids never reused
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids if len(ids) <= 8 else ids[:4] + ["..."] + ids[-3:]))
+
