@@ -19,7 +19,7 @@ from ..errors import StoreError
 from .errors import StoreIOError, UnknownEpoch
 from . import envelope
 from .envelope import Envelope, Listing
-from .errors import PageCorrupt
+from .errors import IndexCorrupt, PageCorrupt
 from .index import Index
 from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .inputs import as_bytes_view, check_meta, check_name, check_pages
@@ -32,9 +32,10 @@ class Committer:
     """Owns the segment writer and the staged (appended, uncommitted) epochs."""
 
     def __init__(self, path: Path, index: Index, sealer: Sealer, fs: FileOps, segment_bytes: int,
-                 lock: threading.RLock, store_id: str):
+                 lock: threading.RLock, store_id: str, repair: Callable[[str], object]):
         self.path, self._index, self._sealer, self._fs, self._lock = path, index, sealer, fs, lock
         self.store_id = store_id
+        self._repair = repair   # rebuilds the index from the log (Store.repair)
         self.seg_dir = path / "segments"
         self.writer = SegmentWriter(self.seg_dir, fs, segment_bytes, sealer.signed)
         self.staged: list[StagedEpoch] = []
@@ -148,11 +149,28 @@ class Committer:
         try:
             with self._lock:
                 self._index.commit(staged, ends, self._head)
+        except IndexCorrupt as exc:
+            return self._commit_through_log(staged, exc)
         except StoreError as exc:
             self.fail(exc, "the index commit")
         self.staged.clear()
         self.writer.committed()
         return [s.info for s in staged]
+
+    def _commit_through_log(self, staged: list[StagedEpoch], exc: IndexCorrupt) -> list[EpochInfo]:
+        """The index broke at the commit point, after the epochs' records were synced: they are in
+        the log, so the index rebuilt from it holds them (the log is the truth)."""
+        self.staged.clear()
+        self.writer.committed()
+        ids = [s.info.id for s in staged]
+        self._repair(f"committing epochs {ids}: {exc}")
+        with self._lock:
+            infos = {e.id: e for e in self._index.epochs() if e.id >= ids[0]}
+        missing = [i for i in ids if i not in infos]
+        if missing:
+            raise StoreIOError(f"the index of store {self.path} broke while committing epochs {ids} and the "
+                               f"index rebuilt from the log lacks {missing}; they were not committed") from exc
+        return [infos[i] for i in ids]
 
     def commit_record(self, kind: int, epoch: int, region: str, index: int, data: Any, what: str,
                       apply: Callable[[sqlite3.Connection, PageRef], None]) -> PageRef:
@@ -174,6 +192,14 @@ class Committer:
         try:
             with self._lock:
                 self._index.write(what, lambda c: apply(c, ref), ends, self._head)
+        except IndexCorrupt as exc:   # the record is synced: the index rebuilt from the log has it
+            self.writer.committed()
+            self._repair(f"{what}: {exc}")
+            with self._lock:
+                if (ref.segment, ref.offset, ref.length) not in self._index.live_records(ref.segment):
+                    raise StoreIOError(f"the index of store {self.path} broke while {what}, and the index "
+                                       f"rebuilt from the log does not hold it; it was not committed") from exc
+            return ref
         except StoreError as exc:
             self.fail(exc, f"the index commit while {what}")
         self.writer.committed()

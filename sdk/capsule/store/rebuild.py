@@ -199,27 +199,17 @@ def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, fact
 
 def _write(index: Index, sealer: Sealer, store_id: str, created: str | None,
            epochs: list[tuple[Scanned, Envelope]], facts: list, found: Found) -> None:
-    used: dict[int, int] = {}                     # segment -> end of the last record in use
-
-    def use(rec: Scanned) -> None:
-        used[rec.segment] = max(used.get(rec.segment, 0), rec.offset + rec.length)
-
     staged, prev = [], {}
     names = Counter(env.name for _, env in epochs if env.name is not None)
     for rec, env in epochs:
-        rows = _rows(found, env, prev, use)
-        use(rec)
+        rows = _rows(found, env, prev)
         name = env.name if env.name is None or names[env.name] == 1 or env is _last_named(epochs, env.name) \
             else None                             # a name reused after its first epoch was dropped
         info = EpochInfo(env.epoch, name, env.created, env.page_bytes + rec.length, env.n_pages, env.meta, env.base)
         staged.append(StagedEpoch(info, PageRef(None, None, env.epoch, rec.segment, rec.offset, rec.length),
                                   tuple(rows), Position(None, 0)))
         prev = env.listing
-    for rec in found.forgets.values():
-        use(rec)
-    for rec, _ in facts:
-        use(rec)
-    ends = _ends(found.scans, used)
+    ends = _ends(found.scans, max(found.envelopes, default=0))
     index.init_meta({"store_id": store_id, "format_version": str(STORE_FORMAT_VERSION),
                      "created": created or str(time.time()), "signed": "1" if sealer.signed else "0",
                      "key_check": sealer.key_check(store_id), "legacy_until": "0",
@@ -229,15 +219,14 @@ def _write(index: Index, sealer: Sealer, store_id: str, created: str | None,
     index.write("rebuilding the facts", lambda c: _facts(c, facts, found, top_id))
 
 
-def _rows(found: Found, env: Envelope, prev: Listing, use: Callable[[Scanned], None]) -> list[PageRef]:
+def _rows(found: Found, env: Envelope, prev: Listing) -> list[PageRef]:
     """The index rows that turn the previous adopted epoch's view into env's."""
     rows = []
     for region, pages in env.listing.items():
         old = prev.get(region, {})
         for idx, (rec_epoch, tag) in pages.items():
-            rec = _locate(found, region, idx, rec_epoch, tag)
-            use(rec)                                                            # type: ignore[arg-type]
             if old.get(idx) != (rec_epoch, tag):
+                rec = _locate(found, region, idx, rec_epoch, tag)
                 rows.append(PageRef(region, idx, rec_epoch, rec.segment, rec.offset, rec.length))  # type: ignore
     for region, old in prev.items():
         gone = old.keys() - env.listing.get(region, {}).keys()
@@ -249,14 +238,20 @@ def _last_named(epochs: list[tuple[Scanned, Envelope]], name: str) -> Envelope:
     return [env for _, env in epochs if env.name == name][-1]
 
 
-def _ends(scans: list[SegmentScan], used: dict[int, int]) -> dict[int, int]:
-    """Committed end per readable segment: the scan's end; for the highest, the end of the last
-    record in use (what follows is an interrupted write, which recovery settles)."""
+def _ends(scans: list[SegmentScan], newest: int) -> dict[int, int]:
+    """Committed end per readable segment: the end of its last valid record, except, in the
+    highest, a trailing run of pages of epochs after every epoch the log names (an interrupted
+    write, which recovery then cuts). Valid records of damaged epochs stay where they are."""
     ok = [s for s in scans if s.header_error is None]
     ends = {s.segment: s.end for s in ok}
     if ok:
-        top = ok[-1].segment
-        ends[top] = max(used.get(top, 0), ok[-1].start)
+        top = ok[-1]
+        end = top.end
+        for rec in reversed(top.records):
+            if rec.kind != KIND_PAGE or rec.epoch <= newest or rec.offset + rec.length != end:
+                break
+            end = rec.offset
+        ends[top.segment] = end
     return ends
 
 

@@ -19,15 +19,16 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
+from ..errors import StoreError
 from . import lockfile, maintenance
 from .commit import Committer
-from .errors import IndexCorrupt, PageCorrupt, UnknownEpoch
+from . import loading
+from .errors import IndexCorrupt, IndexStale, PageCorrupt, UnknownEpoch
 from .facts import FactsMixin
 from .index import Index
-from .info import EpochInfo, PageRef, VerifyReport
+from .info import EpochInfo, VerifyReport
+from .loading import Pages
 from .opening import Opened, open_index
-from .reader import read_manifest, read_pages
 from .records import Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
@@ -49,7 +50,8 @@ class Store(FactsMixin):
         self._wlock = threading.RLock()   # serializes writers; taken before _lock
         self._lock = threading.RLock()    # guards the index connection and segment deletion
         self._store_id, self._legacy_until = opened.store_id, opened.legacy_until
-        self._commit = Committer(path, opened.index, sealer, fs, segment_bytes, self._lock, opened.store_id)
+        self._commit = Committer(path, opened.index, sealer, fs, segment_bytes, self._lock, opened.store_id,
+                                 self.repair)
         # what recovery did at open (index rebuilt, bytes cut or set aside in quarantine/): logged
         # as warnings too; empty after a clean open
         self.recovery_report: list[str] = list(opened.report)
@@ -121,9 +123,8 @@ class Store(FactsMixin):
         """Append and commit one epoch (plus any staged ones). Durable when it returns."""
         with self._wlock:
             self._check_open()
-            staged = self._commit.stage(pages, manifest, name, meta, base)
-            self._commit.sync()
-            return staged.info
+            self._writing(lambda: self._commit.stage(pages, manifest, name, meta, base))
+            return self._commit.sync()[-1]
 
     def stage_epoch(self, pages: Iterable[tuple[str, int, Any]], manifest: bytes, *, name: str | None = None,
                     meta: dict | None = None, base: int | None = None) -> int:
@@ -131,7 +132,7 @@ class Store(FactsMixin):
         base: the epoch this delta applies to (default: the previous one; 0: an empty view)."""
         with self._wlock:
             self._check_open()
-            return self._commit.stage(pages, manifest, name, meta, base).info.id
+            return self._writing(lambda: self._commit.stage(pages, manifest, name, meta, base)).info.id
 
     def sync(self) -> list[EpochInfo]:
         """Group commit: one fsync pass + one transaction for every staged epoch, oldest first."""
@@ -163,7 +164,7 @@ class Store(FactsMixin):
         intact come back, with facts and forgets; nothing in the segments is changed."""
         with self._wlock, self._lock:
             self._check_open()
-            self._commit.sync()   # staged epochs are in the log: commit them first
+            self.discard_staged()   # never synced, never acknowledged: cut, not adopted
             self._index.close()
             try:
                 opened = open_index(self.path, self._sealer, self._fs, create=False, force_rebuild=why)
@@ -212,6 +213,20 @@ class Store(FactsMixin):
             raise UnknownEpoch(f"no epoch {epoch_or_name!r} in store {self.path}; {self._known()}")
         return found
 
+    def _writing(self, write: Callable[[], Any]) -> Any:
+        """Run an index step of a writer (before it appends anything, or all in one transaction),
+        holding the writer lock; a damaged index is rebuilt once, then the step runs again."""
+        repaired: list[bool] = []
+        while True:
+            try:
+                return write()
+            except IndexCorrupt as exc:
+                self._repair_once(exc, repaired)
+
+    def _locked(self, step: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            return step(self._index, *args)
+
     def _reading(self, read: Callable[[], Any]) -> Any:
         """Run an index read under the state lock; a damaged index is rebuilt once, then read again."""
         repaired: list[bool] = []
@@ -232,8 +247,7 @@ class Store(FactsMixin):
         names = [repr(e.name) for e in infos if e.name][:5]
         return f"it holds epochs {shown}" + (f" (named: {', '.join(names)})" if names else "")
 
-    def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None
-                   ) -> tuple[bytes, dict[str, dict[int, bytes]]]:
+    def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None) -> tuple[bytes, Pages]:
         """(manifest, {region: {index: page}}): the epoch's full view, every record verified
         (and, for an epoch with an envelope, exactly the records it lists: an index that says
         otherwise is rebuilt from the log first). max_page_bytes: refuse (PageCorrupt) a page
@@ -247,13 +261,18 @@ class Store(FactsMixin):
                     if manifest is None:
                         raise UnknownEpoch(f"no epoch {epoch!r} in store {self.path}; {self._known()}")
                     with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-                        return self._read(segs, manifest, epoch, max_page_bytes, None)
+                        try:
+                            return loading.load(self._index, segs, self._sealer, self._ident(), manifest, epoch,
+                                                max_page_bytes)
+                        except PageCorrupt as exc:
+                            if repaired or not loading.misplaced(self._index, self._seg_dir, self._sealer, exc):
+                                raise
+                            raise IndexStale(f"{exc.summary}; the index, not the log, looks wrong") from exc
             except IndexCorrupt as exc:
                 self._repair_once(exc, repaired)
 
     def load_newest_valid(self, accept: Callable[[int, bytes], None] | None = None, *,
-                          max_page_bytes: int | None = None
-                          ) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
+                          max_page_bytes: int | None = None) -> tuple[int, bytes, Pages, list[str]] | None:
         """Newest epoch whose every record verifies: (epoch, manifest, pages, skipped reports).
         None when the store holds no epoch; CapsuleCorrupt when it holds some and none is valid.
         (What recovery did at open, such as a rebuilt index, is in recovery_report.)
@@ -267,72 +286,23 @@ class Store(FactsMixin):
             try:
                 with self._lock:
                     self._check_open()
-                    return self._newest_valid(accept, max_page_bytes)
+                    with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
+                        return loading.newest_valid(self._index, segs, self._sealer, self._ident(), accept,
+                                                    max_page_bytes, suspect=not repaired)
             except IndexCorrupt as exc:
                 self._repair_once(exc, repaired)
 
-    def _newest_valid(self, accept: Callable[[int, bytes], None] | None, max_page_bytes: int | None
-                      ) -> tuple[int, bytes, dict[str, dict[int, bytes]], list[str]] | None:
-        ids = self._index.epoch_ids()
-        bad: set[tuple[int | None, int | None]] = set()
-        skipped: list[str] = []
-        mismatch: CapsuleMismatch | None = None
-        with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
-            for epoch in reversed(ids):
-                manifest = self._index.manifest_ref(epoch)
-                if manifest is None:
-                    continue  # dropped concurrently
-                if manifest.location in bad:
-                    skipped.append(f"epoch {epoch}: uses a record already found corrupt")
-                    continue
-                try:
-                    man, pages = self._read(segs, manifest, epoch, max_page_bytes, accept, bad)
-                except PageCorrupt as exc:
-                    bad.add((exc.segment, exc.offset))
-                    skipped.append(exc.summary)
-                    continue
-                except CapsuleMismatch as exc:
-                    mismatch = mismatch or exc
-                    skipped.append(f"epoch {epoch}: {exc}")
-                    continue
-                except IndexCorrupt:
-                    raise
-                except CapsuleError as exc:
-                    skipped.append(f"epoch {epoch}: {exc}")
-                    continue
-                return epoch, man, pages, skipped
-        if not ids:
-            return None
-        if mismatch is not None:
-            others = [s for s in skipped if not s.endswith(str(mismatch))]
-            raise CapsuleMismatch(f"{mismatch}" + (f" (other epochs skipped: {' | '.join(others[:8])})"
-                                                   if others else "")) from mismatch
-        raise CapsuleCorrupt(f"store {self.path} holds {len(ids)} epochs ({ids[0]}..{ids[-1]}) and none is "
-                             f"fully valid; skipped: {' | '.join(skipped[:8])}. Keep a copy of the folder "
-                             f"and run `capsule verify`")
-
-    def _read(self, segs: SegmentReader, manifest: PageRef, epoch: int, max_page_bytes: int | None,
-              accept: Callable[[int, bytes], None] | None, bad: set | None = None
-              ) -> tuple[bytes, dict[str, dict[int, bytes]]]:
-        """One epoch: its manifest (envelope checked against this store), accept, its view."""
-        man = read_manifest(segs, self._sealer, manifest, epoch, self._store_id, self._legacy_until)
-        if accept is not None:
-            accept(epoch, man.app)
-        view = self._index.view(epoch)
-        if bad and any(ref.location in bad for ref in view):
-            raise PageCorrupt(epoch, None, None, manifest.segment or -1, manifest.offset or -1,
-                              "uses a page record already found corrupt", loading=epoch)
-        listing = man.envelope.listing if man.envelope is not None else None
-        return man.app, read_pages(segs, self._sealer, view, epoch, max_page_bytes, listing)
+    def _ident(self) -> loading.Ident:
+        return loading.Ident(self._store_id, self._legacy_until, self._seg_dir)
 
     # -- maintenance (see maintenance.py) ---------------------------------------------------------
     def retain(self, keep: int) -> int:
         """Drop unnamed epochs older than the `keep` newest (named epochs stay); returns how many."""
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int >= 1, got {keep!r}")
-        with self._wlock, self._lock:
+        with self._wlock:
             self._check_open()
-            return maintenance.retain(self._index, keep)
+            return self._writing(lambda: self._locked(maintenance.retain, keep))
 
     def compact(self, *, threshold: float = 0.5) -> int:
         """Move live records out of sealed segments less than `threshold` live; returns bytes reclaimed."""
