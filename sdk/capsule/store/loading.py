@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch
-from .errors import IndexStale, PageCorrupt
+from .errors import IndexCorrupt, IndexStale, PageCorrupt
 from .index import Index
 from .info import PageRef
 from .reader import read_manifest, read_pages
@@ -87,8 +87,8 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
             mismatch = mismatch or exc
             skipped.append(f"epoch {epoch}: {exc}")
             continue
-        except IndexStale:
-            raise
+        except IndexCorrupt:
+            raise                      # the index, not this epoch: the caller rebuilds it
         except CapsuleError as exc:
             skipped.append(f"epoch {epoch}: {exc}")
             continue

@@ -42,6 +42,7 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
                ) -> Opened:
     seg_dir = path / "segments"
     report: list[str] = []
+    rebuild.discard_unfinished(path)   # a rebuild that crashed before its swap left its temporary index
     files = list_segment_files(seg_dir)
     index: Index | None = None
     why = force_rebuild
@@ -55,10 +56,15 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
     try:
         if index is not None:
             meta = _check_meta(path, index, sealer)
-            why = recovery.check_index(index, seg_dir, sealer)
-            if why is None:
-                why, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=False)
-                report += lines
+            try:
+                why = recovery.check_index(index, seg_dir, sealer)
+                if why is None:
+                    why, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=False)
+                    report += lines
+            except IndexCorrupt as exc:
+                if not files:
+                    raise
+                why = f"the index is damaged: {exc}"
         if why is not None:
             old = _salvage_meta(index)
             if index is not None:

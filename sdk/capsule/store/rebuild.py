@@ -36,6 +36,9 @@ from .segments import Position, list_segment_files, segment_path
 
 
 
+TMP_INDEX = "index.sqlite.rebuild"
+
+
 @dataclass
 class Found:
     """What a scan of the whole log holds, sorted out."""
@@ -67,7 +70,7 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     if found.stray:
         report.append(quarantine.copy_records(path, [(r, why) for r, why in found.stray]))
     _sync_segments(seg_dir, scans)   # what the new index adopts must be durable before it commits
-    tmp = path / "index.sqlite.rebuild"
+    tmp = path / TMP_INDEX
     quarantine.remove_leftover(tmp)
     index = Index.open(tmp, create=True, segments_exist=False)
     try:
@@ -78,6 +81,11 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     report.append(f"{len(epochs)} epochs ({', '.join(str(e.epoch) for _, e in epochs[-6:])}"
                   f"{' ...' if len(epochs) > 6 else ''}) and {len(facts)} facts recovered")
     return report
+
+
+def discard_unfinished(path: Path) -> None:
+    """Remove the temporary index of a rebuild that did not finish (it never was the index)."""
+    quarantine.remove_leftover(path / TMP_INDEX)
 
 
 def _sync_segments(seg_dir: Path, scans: list[SegmentScan]) -> None:

@@ -319,7 +319,11 @@ class Store(FactsMixin):
         """Read and check every record of every segment and every index row (facts included)."""
         with self._wlock, self._lock:
             self._check_open()
-            return maintenance.verify(self._index, self._seg_dir, self._sealer)
+            try:
+                return maintenance.verify(self._index, self._seg_dir, self._sealer)
+            except IndexCorrupt as exc:   # reported, not repaired: verify only looks
+                return VerifyReport(False, (), (), 0, 0, (f"index: {exc}; `capsule repair` rebuilds it from "
+                                                          f"the segment log",))
 
     def stats(self) -> dict[str, int | None]:
         with self._lock:
