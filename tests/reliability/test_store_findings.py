@@ -153,8 +153,11 @@ def test_edited_page_rows_never_restore_wrong_bytes(tmp_path, edit):
         "repoint": f"UPDATE pages SET (rec_epoch, segment, offset, length) = (SELECT rec_epoch, segment, offset, "
                    f"length FROM pages WHERE region = 'rng' AND epoch = 3) WHERE rowid = {row}",
     }[edit])
+    with Store.open(tmp_path / "s") as st:                     # verify only looks, and says so
+        report = st.verify()
+        assert not report.ok and any("capsule repair" in p for p in report.problems), report
     with check_exact(tmp_path / "s") as st:
-        assert st.load_epoch(N - 1)[1] == view(N - 1)
+        assert st.load_epoch(N - 1)[1] == view(N - 1) and st.verify().ok
 
 
 # -- finding 6: signed stores repointed or transplanted -------------------------------------------

@@ -13,7 +13,8 @@ from pathlib import Path
 from . import factdb, factrows
 from .index import Index
 from .info import PageRef, VerifyReport
-from .reader import check_record, check_ref
+from .errors import IndexStale, PageCorrupt
+from .reader import check_record, check_ref, check_view, read_manifest
 from .records import (KIND_EPOCH, KIND_MANIFEST, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
                       decode_record, parse_header)
 from .segments import FileOps, SegmentReader, SegmentWriter, list_segment_files, segment_path
@@ -93,6 +94,7 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
     """Scan every committed record of every segment, then check every epoch's index rows."""
     problems: list[str] = []
     scanned: dict[tuple[int, int], tuple] = {}  # location -> (kind, epoch, region, index, length)
+    tags: dict[tuple[int, int], bytes] = {}
     records = nbytes = 0
     live = index.segments("live")
     files = list_segment_files(folder)
@@ -117,6 +119,7 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
                                     f"are not scanned")
                     break
                 scanned[(seg, off)] = (head.kind, head.epoch, region, head.index, total)
+                tags[(seg, off)] = segs.read(seg, off + total - sealer.tag_bytes, sealer.tag_bytes)
                 records, nbytes, off = records + 1, nbytes + total, off + total
         problems += [f"segment file {files[s].name} is not in the index (left over; safe to move away)"
                      for s in files if s not in live and s < max(live, default=0)]
@@ -126,6 +129,10 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
             refs = ([manifest] if manifest else []) + index.view(epoch)
             reasons = [(ref, _check(segs, sealer, ref, scanned)) for ref in refs]
             first = next(((ref, why) for ref, why in reasons if why), None)
+            if first is None and manifest is not None:
+                why = _against_envelope(segs, sealer, manifest, index.view(epoch), epoch, tags)
+                if why:
+                    first = (manifest, why)
             if first is None:
                 epochs_ok.append(epoch)
                 continue
@@ -149,6 +156,23 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
     problems += index.integrity_problems() + factdb.fts_problems(index)
     return VerifyReport(not problems, tuple(epochs_ok), tuple(epochs_bad), records, nbytes, tuple(problems),
                         tuple(facts_bad))
+
+
+def _against_envelope(segs: SegmentReader, sealer: Sealer, manifest: PageRef, view: list[PageRef], epoch: int,
+                      tags: dict[tuple[int, int], bytes]) -> str:
+    """'' when the epoch's index rows name exactly the records its envelope lists (or it has none)."""
+    try:
+        env = read_manifest(segs, sealer, manifest, epoch).envelope
+        if env is None:
+            return ""
+        check_view(view, env.listing, epoch)
+    except (PageCorrupt, IndexStale) as exc:
+        return f"{exc}; `capsule repair` rebuilds the index from the segment log"
+    for ref in view:
+        if tags.get(ref.location) != env.listing[ref.region][ref.index][1]:  # type: ignore[index]
+            return (f"the index points page {ref.region}[{ref.index}] at a record its envelope does not list; "
+                    f"`capsule repair` rebuilds the index from the segment log")
+    return ""
 
 
 def _check(segs: SegmentReader, sealer: Sealer, ref: PageRef, scanned: dict[tuple[int, int], tuple]) -> str:
