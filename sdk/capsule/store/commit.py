@@ -43,6 +43,7 @@ class Committer:
         # the listing of the newest staged or committed epoch: the next delta's base, unread
         self._listing: tuple[int, Listing] | None = None
         self._head: Head | None = None   # the last record appended (the log's head once committed)
+        self._encoded: envelope.EncodeCache = {}
 
     def attach_index(self, index: Index, store_id: str | None = None) -> None:
         """After a rebuild: continue on the new index (nothing may be staged)."""
@@ -79,7 +80,7 @@ class Committer:
             page_bytes = sum(r.length for r in rows)  # type: ignore[misc]
             env = Envelope(self.store_id, epoch, base_id, name, time.time(), meta, page_bytes, len(rows),
                            listing, bytes(man))
-            payload = envelope.encode(env, self._sealer.tag_bytes)
+            payload = envelope.encode(env, self._sealer.tag_bytes, self._encoded)
             if len(payload) > MAX_MANIFEST_BYTES:
                 raise ValueError(f"epoch {epoch}'s manifest and page listing take {len(payload)} bytes; at most "
                                  f"{MAX_MANIFEST_BYTES} (use fewer, larger pages or a smaller manifest)")

@@ -45,7 +45,12 @@ class Envelope:
         return sum(len(pages) for pages in self.listing.values())
 
 
-def encode(env: Envelope, tag_bytes: int) -> bytes:
+# region -> (its page dict, that dict's encoded listing): a delta shares the dicts of the regions
+# it did not write with the previous listing, so only the written regions are encoded again
+EncodeCache = dict[str, tuple[dict[int, tuple[int, bytes]], bytes]]
+
+
+def encode(env: Envelope, tag_bytes: int, cache: EncodeCache | None = None) -> bytes:
     regions = sorted(env.listing)
     head = {"store": env.store_id, "epoch": env.epoch, "base": env.base, "name": env.name,
             "created": env.created, "meta": env.meta, "page_bytes": env.page_bytes, "n_pages": env.n_pages,
@@ -54,15 +59,28 @@ def encode(env: Envelope, tag_bytes: int) -> bytes:
     parts = [_HEAD.pack(MAGIC, len(head_bytes)), head_bytes]
     for region in regions:
         pages = env.listing[region]
-        idxs = sorted(pages)
-        parts.append(struct.pack(f"<{len(idxs)}Q", *idxs))
-        parts.append(struct.pack(f"<{len(idxs)}Q", *(pages[i][0] for i in idxs)))
-        tags = b"".join(pages[i][1] for i in idxs)
-        if len(tags) != tag_bytes * len(idxs):
-            raise ValueError("a listed tag has the wrong length")
-        parts.append(tags)
+        hit = cache.get(region) if cache is not None else None
+        if hit is not None and hit[0] is pages:
+            parts.append(hit[1])
+            continue
+        encoded = _encode_region(pages, tag_bytes)
+        if cache is not None:
+            cache[region] = (pages, encoded)
+        parts.append(encoded)
+    if cache is not None:
+        for gone in cache.keys() - env.listing.keys():
+            del cache[gone]
     parts.append(bytes(env.app))
     return b"".join(parts)
+
+
+def _encode_region(pages: dict[int, tuple[int, bytes]], tag_bytes: int) -> bytes:
+    idxs = sorted(pages)
+    tags = b"".join(pages[i][1] for i in idxs)
+    if len(tags) != tag_bytes * len(idxs):
+        raise ValueError("a listed tag has the wrong length")
+    return b"".join((struct.pack(f"<{len(idxs)}Q", *idxs), struct.pack(f"<{len(idxs)}Q", *(pages[i][0] for i in idxs)),
+                     tags))
 
 
 def is_envelope(payload: Buffer) -> bool:
