@@ -232,3 +232,18 @@ def test_every_index_failure_is_typed(tmp_path):
         check_exact(tmp_path / "s").close()
     except CapsuleError:
         pytest.fail("the index can be rebuilt from an intact log")
+
+
+@pytest.mark.parametrize("stage", ["building", "swapping"])
+def test_a_rebuild_interrupted_at_any_point_is_redone(tmp_path, stage):
+    build(tmp_path / "s")
+    s = tmp_path / "s"
+    (s / "index.sqlite.rebuild").write_bytes(b"SQLite format 3\x00half written")   # the crashed rebuild
+    if stage == "swapping":          # the old index was moved aside, the new one not yet renamed
+        (s / "quarantine" / "x-index").mkdir(parents=True)
+        for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+            if (s / name).exists():
+                (s / name).rename(s / "quarantine" / "x-index" / name)
+    with check_exact(s) as st:
+        assert not (s / "index.sqlite.rebuild").exists()
+        assert bool(st.recovery_report) == (stage == "swapping")
