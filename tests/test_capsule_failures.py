@@ -156,10 +156,14 @@ def test_tampered_manifest_is_corrupt_not_a_crash(tmp_path, edit):
         s.append(TEXT)
         s.generate(3, temperature=0.5, seed=1)
         s.checkpoint()
+        want = s.tokens()
     with Store.open(tmp_path / "s", create=False) as store:
         manifest, _ = store.load_epoch(1)
         doc = json.loads(manifest)
         edit(doc)
         store.write_epoch([], json.dumps(doc).encode(), base=1)
-    with pytest.raises(CapsuleCorrupt):
-        Session.open(tmp_path / "s", device="cpu", runtime=RT)
+    with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:   # skipped with a report, never used
+        assert s.restored_epoch == 1 and s.tokens() == want and s.restore_report[0].startswith("epoch 2")
+        with pytest.raises(CapsuleCorrupt):
+            s.rollback(2)
+        assert s.tokens() == want

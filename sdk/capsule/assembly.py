@@ -23,6 +23,7 @@ from .policy import load_policy
 from .policy.actor import Actor
 from .state.binding import Binding
 from .state.checkpointer import Checkpointer
+from .state.manifest import Limits
 from .state.regions import RegionRegistry
 from .state.snapshot import Snapshotter
 from .store import Store
@@ -89,7 +90,23 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         model = hashlib.sha256(f"{llm.info.weights_digest}:{cfg}".encode()).hexdigest()
     return Binding.of(model=model,
                       tokenizer=llm.tokenizer.fingerprint if llm else "none",
-                      layout=layout, dtype=rt.dtype, device_class=profile.device)
+                      layout=layout, dtype=rt.dtype, device_class=profile.device,
+                      labels=_labels(llm, profile, actor))
+
+
+def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor | None) -> dict:
+    """What a person recognises in a mismatch message (informational: never compared)."""
+    rt = profile.runtime
+    layout: dict[str, Any] = {"max_context": rt.max_context, "block_size": rt.block_size,
+                              "kv_pool_mb": rt.kv_pool_mb, "batch_buckets": list(rt.batch_buckets),
+                              "prefill_chunk": rt.prefill_chunk, "cuda_graphs": rt.cuda_graphs}
+    if llm:
+        layout["kv_blocks"] = llm.engine.pool.num_blocks
+    if actor is not None:
+        spec = actor.runner.spec
+        layout["policy"] = f"{spec.name} ({spec.digest[:12]})"
+    return {"model": llm.info.source if llm else "none", "tokenizer": llm.tokenizer.name if llm else "none",
+            "layout": layout}
 
 
 def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
@@ -102,7 +119,10 @@ def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
         dirty, pool.dirty = pool.dirty, set()
         live = {b for s in llm.engine.streams.values() for b in s.table.blocks}
         return dirty, live
-    return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs)
+    # what this session could ever hold: a manifest claiming more is refused before allocating
+    limits = Limits(max_context=llm.engine.runner.max_context if llm else 0,
+                    max_blocks=llm.engine.runner.max_blocks if llm else 0)
+    return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs, limits=limits)
 
 
 def check_app_state(value: object) -> dict:
@@ -129,20 +149,22 @@ def host_state(llm: LLMParts | None, app_state: dict,
     return host, blobs
 
 
-def host_loader(llm: LLMParts | None, set_app_state: Callable[[dict], None],
-                actor: Actor | None = None):
-    """The checkpointer's HostLoader for this session: validate first, install later."""
+def host_loader(llm: LLMParts | None, put_app_state: Callable[[dict], None],
+                actor: Actor | None = None) -> Callable[[dict, dict[str, bytes]], Callable[[], None]]:
+    """The checkpointer's HostLoader for this session: validate and build everything first; the
+    install it returns only assigns (put_app_state stores a state already checked)."""
     def load(host: dict, blobs: dict[str, bytes]) -> Callable[[], None]:
-        app = host.get("app_state")
-        if not isinstance(app, dict):
-            raise ValueError("app_state is not an object")
+        try:
+            app = check_app_state(host.get("app_state"))
+        except ValueError as exc:
+            raise ValueError(f"app_state: {exc}") from None
         install_streams = import_streams(llm.engine, host["streams"], blobs) if llm else (lambda: None)
         install_policy = actor.load_state(host.get("policy")) if actor else (lambda: None)
 
         def install() -> None:
             install_policy()
             install_streams()
-            set_app_state(app)
+            put_app_state(app)
         return install
     return load
 

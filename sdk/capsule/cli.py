@@ -52,10 +52,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect import inspect_store, read_sign_key
+    from .inspect import inspect_report, read_sign_key
 
-    print(inspect_store(args.store, *read_sign_key(args.sign_key_file)))
-    return 0
+    ok, report = inspect_report(args.store, *read_sign_key(args.sign_key_file))
+    print(report)
+    return 0 if ok else 1   # an epoch that cannot be read was listed with why
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

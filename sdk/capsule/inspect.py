@@ -1,18 +1,19 @@
 """`capsule inspect` and `capsule verify`: read a capsule store without loading any model."""
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
 import warnings
 from pathlib import Path
 
-from .errors import CapsuleCorrupt, StoreError
+from .errors import CapsuleCorrupt, CapsuleError, StoreError
 from .memory.encode import HEADER as _FACTKV_HEADER
 from .memory.encode import ITEM_BYTES as _FACTKV_ITEM_BYTES
 from .memory.encode import MAGIC as _FACTKV_MAGIC
 from .memory.encode import VERSION as _FACTKV_VERSION
+from . import safejson
+from .state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
 from .store import Store
 from .store.errors import DamagedFactWarning, SigningKeyError
 from .store.store import holds_store
@@ -83,7 +84,14 @@ def _when(ts: float) -> str:
 
 
 def inspect_store(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> str:
-    """Epochs, sizes, and for the newest epoch its fingerprints, regions and streams.
+    """inspect_report's text (see there)."""
+    return inspect_report(path, sign_key, source)[1]
+
+
+def inspect_report(path: str | os.PathLike, sign_key: bytes | None = None,
+                   source: str = "") -> tuple[bool, str]:
+    """(ok, text): epochs, sizes, and for the newest readable epoch its fingerprints, regions and
+    streams. An epoch whose manifest or pages cannot be read gets one line saying why (ok False).
     sign_key: a signed store's key (source: where it came from, for messages)."""
     with _open_existing(path, sign_key, source) as store:
         stats = store.stats()
@@ -92,50 +100,134 @@ def inspect_store(path: str | os.PathLike, sign_key: bytes | None = None, source
                  f"{stats['bytes_on_disk'] / 2**20:.2f} MiB on disk, {stats['live_bytes'] / 2**20:.2f} MiB live, "
                  f"{stats.get('facts', 0)} memory fact(s)"]
         if not epochs:
-            return "\n".join(lines + ["(no epochs yet)"])
+            return True, "\n".join(lines + ["(no epochs yet)"])
         lines.append(f"{'epoch':>6} {'name':<12} {'created (UTC)':<20} {'bytes':>10} {'pages':>6} {'base':>5}  streams")
         for e in epochs:
             streams = ", ".join(f"{k}:{v}" for k, v in (e.meta.get("streams") or {}).items())
             lines.append(f"{e.id:>6} {(e.name or '-'):<12} {_when(e.created):<20} {e.bytes_written:>10} "
                          f"{e.n_pages:>6} {e.base or '-':>5}  {streams or '-'}")
-        newest = epochs[-1].id
-        manifest, pages = store.load_epoch(newest)
-    doc = json.loads(manifest)
-    lines.append(f"\nnewest epoch {newest}")
-    for key, value in doc.get("binding", {}).items():
-        lines.append(f"  binding.{key}: {value}")
-    for region in sorted(pages):
+        parsed, problems = _check_manifests(store, [e.id for e in epochs])
+        newest = max(parsed) if parsed else None
+        pages: dict | None = None
+        if newest is not None:
+            try:
+                _, pages = store.load_epoch(newest, max_page_bytes=INSPECT_MAX_PAGE_BYTES)
+            except CapsuleError as exc:
+                problems.append(f"epoch {newest}: pages unreadable: {_one_line(exc)} (run `capsule verify`)")
+    lines += [f"damaged: {p}" for p in problems]
+    if newest is not None:
+        lines += _describe(parsed[newest], pages, newest == epochs[-1].id)
+    return not problems, "\n".join(lines)
+
+
+# inspect knows no layout: a page above this (a KV block of a very large model is a few MiB) is
+# refused before it is read
+INSPECT_MAX_PAGE_BYTES = 64 << 20
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _Seen(CapsuleError):
+    """Raised by _manifests' accept: every epoch is skipped once its manifest was seen."""
+
+
+def _manifests(store: Store) -> dict[int, bytes]:
+    """Every epoch's manifest bytes, reading no page: load_newest_valid hands each verified
+    manifest to `accept` before it reads that epoch's pages, and an accept that raises skips it.
+    (An epoch whose manifest record is damaged is missing here; Store.verify reports it.)"""
+    seen: dict[int, bytes] = {}
+
+    def grab(epoch: int, data: bytes) -> None:
+        seen[epoch] = bytes(data)
+        raise _Seen("seen")
+    try:
+        store.load_newest_valid(grab)
+    except CapsuleCorrupt as exc:
+        if type(exc) is not CapsuleCorrupt:   # IndexCorrupt and the like: the store itself is damaged
+            raise
+    return seen
+
+
+def _check_manifests(store: Store, ids: list[int]) -> tuple[dict[int, Manifest], list[str]]:
+    """The epochs whose manifest parses as a Session capsule (no layout known: its shape and
+    generic bounds), and a line per epoch whose manifest does not. A store where no epoch even
+    claims to be a Session capsule (written through Store directly: manifests are opaque bytes
+    to the store) has nothing to check here."""
+    raw = _manifests(store)
+    parsed: dict[int, Manifest] = {}
+    problems = []
+    for epoch in ids:
+        if epoch not in raw:
+            problems.append(f"epoch {epoch}: manifest record unreadable (run `capsule verify`)")
+            continue
+        try:
+            parsed[epoch] = parse(epoch, raw[epoch], Limits())
+        except EpochCorrupt as exc:
+            problems.append(f"epoch {epoch}: {exc.detail}")
+    if not parsed and not any(_claims_session(data) for data in raw.values()):
+        return {}, [p for p in problems if "manifest record unreadable" in p]
+    return parsed, problems
+
+
+def _claims_session(data: bytes) -> bool:
+    try:
+        doc = safejson.loads(data, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "binding" in doc
+
+
+def _describe(m: Manifest, pages: dict | None, is_newest: bool) -> list[str]:
+    lines = [f"\n{'newest' if is_newest else 'newest readable'} epoch {m.epoch}"]
+    b = m.binding
+    for key in ("format_version", "model", "tokenizer", "layout", "dtype", "device_class"):
+        lines.append(f"  binding.{key}: {getattr(b, key)}")
+    for key in ("model", "tokenizer"):
+        if key in b.labels:
+            lines.append(f"  {key} name: {b.labels[key]}")
+    layout = b.labels.get("layout") or {}
+    if layout:
+        lines.append("  layout settings: " + ", ".join(f"{k}={v}" for k, v in sorted(layout.items())))
+    for region in sorted(pages or {}):
         n = len(pages[region])
         lines.append(f"  region {region}: {n} page(s), {sum(len(p) for p in pages[region].values())} bytes")
-    for s in doc.get("host", {}).get("streams", []):
-        region = s.get("region")
-        mem = ""
+    for s in m.host["streams"]:
+        region, mem = s.get("region"), ""
         if isinstance(region, dict):   # shown as saved; a restore range-checks it
-            facts = [f[0] for f in region.get("facts") or [] if isinstance(f, list) and f]
-            mem = f", memory region of {region.get('size')} positions with facts {facts}"
+            raw = region.get("facts")
+            facts = [f[0] for f in raw if isinstance(f, list) and f] if isinstance(raw, list) else []
+            mem = f", memory region of {region.get('size')!r} positions with facts {facts[:20]}"
         lines.append(f"  stream {s['name']!r}: {s['n_ids']} tokens, {s['num_cached']} with KV cached{mem}")
-    app = doc.get("host", {}).get("app_state") or {}
-    lines.append(f"  app state keys: {', '.join(sorted(app)) or '-'}")
-    return "\n".join(lines)
+    app = sorted(m.host["app_state"])
+    lines.append(f"  app state keys: {', '.join(app[:20]) or '-'}" + (f" (+{len(app) - 20} more)" if len(app) > 20 else ""))
+    return lines
 
 
 def verify_store(path: str | os.PathLike, sign_key: bytes | None = None,
                  source: str = "") -> tuple[bool, str]:
-    """Read and check every record, and every memory fact (its row, its text binding, its FactKV
-    header against the row); (ok, report). sign_key, source: as for inspect_store."""
+    """Read and check every record, every epoch's manifest (its shape), and every memory fact (its
+    row, its text binding, its FactKV header against the row); (ok, report). sign_key, source: as
+    for inspect_store."""
     with _open_existing(path, sign_key, source) as store:
         report = store.verify()
         damaged = _fact_damage(store, set(report.facts_bad))
-    ok = report.ok and not damaged
+        # epochs whose manifest record is bad are in the report already: only the readable ones
+        _, manifest_bad = _check_manifests(store, [e for e in report.epochs_ok])
+    ok = report.ok and not damaged and not manifest_bad
     facts_bad = sorted(set(report.facts_bad) | {fid for fid, _ in damaged})
     lines = [f"verify {path}: {'OK' if ok else 'DAMAGED'} — {report.records} records, "
-             f"{report.bytes} bytes; epochs ok: {len(report.epochs_ok)}, bad: {len(report.epochs_bad)}"]
+             f"{report.bytes} bytes; epochs ok: {len(report.epochs_ok) - len(manifest_bad)}, "
+             f"bad: {len(report.epochs_bad) + len(manifest_bad)}"]
     if report.epochs_bad:
         lines.append(f"  bad epochs: {', '.join(map(str, report.epochs_bad))}")
     if facts_bad:
         lines.append(f"  damaged memory facts (never injected): {', '.join(map(str, facts_bad))}; "
                      f"forget them (Session.forget) and remember them again")
     lines += [f"  problem: {p}" for p in report.problems]
+    lines += [f"  problem: {p} (a Session skips this epoch)" for p in manifest_bad]
     lines += [f"  problem: fact {fid}: {why}" for fid, why in damaged]
     return ok, "\n".join(lines)
 

@@ -45,7 +45,8 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         self.tokenizer = llm.tokenizer if llm else None
         self.model_info = llm.info if llm else None
         self.restored_epoch: int | None = None
-        self.restore_report: list[str] = []   # epochs skipped as damaged by the last restore
+        # epochs the last restore skipped (damaged, unreadable, another setup's), each with why
+        self.restore_report: list[str] = []
         self._llm_parts = llm
         self._engine: Engine | None = llm.engine if llm else None
         self._store = store
@@ -75,7 +76,9 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
 
         device: "auto", "cpu", "cuda", or a profile name / YAML path from devices/.
         runtime: overrides of the profile's runtime defaults, e.g. {"kv_pool_mb": 16}.
-        restore: restore the newest committed, fully valid epoch (``restored_epoch`` says which).
+        restore: restore the newest committed epoch that is fully valid and taken with this setup
+        (``restored_epoch`` says which; epochs skipped on the way, and why, are in
+        ``restore_report`` and logged as a warning on the "capsule" logger).
         keep_epochs: epochs retained in the store (default: the profile's checkpoint.keep_epochs).
         memory: MemoryConfig (or a dict of its fields) for remember / recall / memory_k.
         policy: an .onnx file or builtin:mlp | builtin:mlp-chunk | builtin:gru, run by the first
@@ -135,7 +138,7 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         self.close()
 
     def _restore(self, epoch_or_name: int | str | None) -> int | None:
-        loader = assembly.host_loader(self._llm_parts, self._set_state, self._actor)
+        loader = assembly.host_loader(self._llm_parts, self._put_state, self._actor)
         if epoch_or_name is None:
             restored = self._ckpt.restore_newest(loader)
         else:
@@ -230,6 +233,10 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
 
     def _set_state(self, value: Mapping[str, Any]) -> None:
         self._state = assembly.check_app_state(value)
+
+    def _put_state(self, value: dict) -> None:
+        # a restore's install step: the value was checked while the capsule was (it cannot fail)
+        self._state = value
 
     # -- internals --------------------------------------------------------------------------
     def _check_open(self) -> None:

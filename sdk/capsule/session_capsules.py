@@ -74,7 +74,10 @@ class CapsuleMethods:
         self._raise_deferred_error()
 
     def rollback(self, epoch_or_name: int | str) -> int:
-        """Restore an epoch in place (same buffers, no re-capture); returns the epoch."""
+        """Restore an epoch in place (same buffers, no re-capture); returns the epoch.
+
+        The whole epoch is read and checked first: when it cannot be restored (CapsuleCorrupt naming
+        the epoch and the field, CapsuleMismatch, UnknownEpoch) nothing of the session changes."""
         with self._whole():
             self._check_open()
             self._deferred = None   # a capsule asked for before the rollback is moot

@@ -2,26 +2,30 @@
 
 checkpoint: stage the dirty pages (host copies, on the caller's thread) and either write
 them durably before returning (wait=True) or hand them to the background writer.
-restore: read and verify a whole epoch first, check its binding, and only then write it into
-the live buffers in place, so a bad capsule never leaves a session half-restored.
+restore: read and verify a whole epoch first (manifest bounded and checked field by field, its
+binding, every page, the host state), build everything to install, and only then write it into
+the live buffers in place with steps that cannot fail, so a bad capsule never leaves a session
+half-restored. The newest epoch that is valid and matches this session's binding is restored;
+the epochs skipped on the way are reported (Restored.skipped, and a warning on "capsule").
 Threading: call from one thread at a time (the Session's lock does that).
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import CapsuleCorrupt, CapsuleMismatch, StoreError
 from ..store.inputs import check_name
-from .binding import Binding
-from .snapshot import Snapshotter
+from .binding import RESTORE_HINT, Binding
+from .manifest import EpochCorrupt, Limits, Manifest, encode, parse
+from .snapshot import Snapshotter, Staged
 from .writer import BackgroundWriter
 
 log = logging.getLogger("capsule")
 HostState = tuple[dict, dict[str, bytes]]  # (small JSON metadata, named byte blobs)
-# (host metadata, blobs) -> the step that installs them; raises ValueError without side effects
+# (host metadata, blobs) -> the step that installs them. Checks and builds everything first and
+# raises (ValueError, KeyError, ...) without side effects; the step it returns cannot fail
 HostLoader = Callable[[dict, dict[str, bytes]], Callable[[], None]]
 
 
@@ -33,12 +37,23 @@ class Restored:
     skipped: list[str]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A checked epoch and everything its install writes."""
+    manifest: Manifest
+    staged: Staged
+    install_host: Callable[[], None]
+    base: int | None
+
+
 class Checkpointer:
     """Binds a Snapshotter to a Store; owns the background writer."""
 
     def __init__(self, store: Any, snapshotter: Snapshotter, binding: Binding,
-                 kv_state: Callable[[], tuple[set[int], set[int]]], *, keep_epochs: int):
+                 kv_state: Callable[[], tuple[set[int], set[int]]], *, keep_epochs: int,
+                 limits: Limits | None = None):
         self.store = store
+        self.limits = limits or Limits()
         self.keep_epochs = keep_epochs
         self.snap = snapshotter
         self.binding = binding
@@ -57,15 +72,15 @@ class Checkpointer:
         if name is not None:
             self._check_name(name)
         epoch = self._next_epoch
+        # refused (ValueError) before the dirty log is consumed: a manifest this SDK could not
+        # read back is never written
+        manifest = encode(self.binding, meta, {k: len(v) for k, v in blobs.items()}, self.limits)
         try:
             # a full capture (first epoch, after a failure) stands on its own: base 0, an empty
             # view, so nothing of older or abandoned epochs shows through it
             base = 0 if self.snap.full else self._base
             dirty, live = self._kv_state()
             pages = self.snap.capture(dirty, live, blobs)
-            manifest = json.dumps({"binding": self.binding.to_dict(), "host": meta,
-                                   "blobs": {k: len(v) for k, v in blobs.items()}},
-                                  separators=(",", ":"), allow_nan=False).encode()
             info_meta = {"streams": {m["name"]: m["n_ids"] for m in meta.get("streams", [])}}
             self.last_bytes = sum(len(p[2]) for p in pages) + len(manifest)
             if wait:
@@ -133,44 +148,94 @@ class Checkpointer:
 
     # -- read ---------------------------------------------------------------------------------
     def restore_newest(self, load_host: HostLoader) -> Restored | None:
-        """The newest committed epoch whose every record verifies, or None for an empty store."""
+        """The newest committed epoch that verifies and matches this session, or None for an empty
+        store. CapsuleMismatch when every epoch is another setup's, CapsuleCorrupt when none is valid."""
         self.flush()
-        found = self.store.load_newest_valid()
-        if found is None:
-            return None
-        epoch, manifest, pages, skipped = found
-        return self._apply(epoch, manifest, pages, skipped, load_host)
+        refused: dict[int, str] = {}   # epochs whose pages or host state failed the checks, and why
+        while True:   # each pass either restores or refuses one more epoch
+            parsed: dict[int, Manifest] = {}
+            mismatched: list[tuple[int, list[str]]] = []
+
+            def accept(epoch: int, data: bytes) -> None:   # raising skips the epoch (reported)
+                if epoch in refused:
+                    raise CapsuleCorrupt(refused[epoch])
+                parsed[epoch] = self._accept(epoch, data, mismatched)
+            try:
+                found = self.store.load_newest_valid(accept, max_page_bytes=self.snap.max_page_bytes())
+            except CapsuleMismatch as exc:
+                raise self._no_match(mismatched, len(refused)) from exc
+            if found is None:
+                return None
+            epoch, data, pages, skipped = found
+            manifest = parsed.get(epoch) or self._accept(epoch, data, [])
+            try:
+                plan = self._prepare(manifest, pages, load_host)
+            except EpochCorrupt as exc:
+                refused[epoch] = exc.detail
+                continue
+            self._install(plan)
+            if skipped:
+                log.warning("capsule store %s: restored epoch %d, not the newest: skipped %s", self.store.path,
+                            epoch, " | ".join(skipped))
+            return Restored(epoch, manifest.host, plan.staged.blobs, list(skipped))
 
     def restore(self, epoch_or_name: int | str, load_host: HostLoader) -> Restored:
+        """That epoch, or an error (CapsuleCorrupt, CapsuleMismatch) with nothing changed."""
         self.flush()
         epoch = self.store.resolve(epoch_or_name)
-        manifest, pages = self.store.load_epoch(epoch)
-        return self._apply(epoch, manifest, pages, [], load_host)
+        data, pages = self.store.load_epoch(epoch, max_page_bytes=self.snap.max_page_bytes())
+        manifest = parse(epoch, data, self.limits)
+        try:
+            self.binding.check_matches(manifest.binding)
+        except CapsuleMismatch as exc:
+            raise CapsuleMismatch(f"epoch {epoch}: {exc}") from None
+        plan = self._prepare(manifest, pages, load_host)
+        self._install(plan)
+        return Restored(epoch, manifest.host, plan.staged.blobs, [])
 
-    def _apply(self, epoch: int, manifest: bytes, pages: dict, skipped: list[str],
-               load_host: HostLoader) -> Restored:
+    def _accept(self, epoch: int, data: bytes, mismatched: list[tuple[int, list[str]]]) -> Manifest:
+        """The parsed manifest if it is readable and this session's; else the store skips the epoch."""
         try:
-            doc = json.loads(manifest)
-            saved = Binding.from_dict(doc["binding"])
-            host, sizes = doc["host"], doc["blobs"]
-            if not isinstance(host, dict) or not isinstance(sizes, dict):
-                raise TypeError("host/blobs are not objects")
-            if any(type(v) is not int or not 0 <= v < 1 << 40 for v in sizes.values()):
-                raise ValueError("blob sizes must be ints in 0..2^40")
-        except CapsuleMismatch:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CapsuleCorrupt(f"epoch {epoch}: manifest is unreadable ({exc})") from None
-        self.binding.check_matches(saved)
-        blobs = self.snap.check(pages, dict(sizes))
+            manifest = parse(epoch, data, self.limits)
+        except EpochCorrupt as exc:
+            raise CapsuleCorrupt(exc.detail) from None   # the store's report names the epoch
+        diffs = self.binding.differences(manifest.binding)
+        if diffs:
+            mismatched.append((epoch, diffs))
+            raise CapsuleMismatch("taken against a different setup; " + "; ".join(diffs))
+        return manifest
+
+    def _no_match(self, mismatched: list[tuple[int, list[str]]], n_refused: int) -> CapsuleMismatch:
+        if not mismatched:   # not raised by our accept: nothing to add
+            return CapsuleMismatch(f"store {self.store.path}: no epoch matches this session. {RESTORE_HINT}")
+        newest, diffs = mismatched[0]
+        other = f"; {n_refused} more could not be read" if n_refused else ""
+        return CapsuleMismatch(f"capsule was taken against a different setup: no epoch of store "
+                               f"{self.store.path} matches this session ({len(mismatched)} epoch(s) of another "
+                               f"setup{other}); newest, epoch {newest}: " + "; ".join(diffs)
+                               + f". {RESTORE_HINT}")
+
+    def _prepare(self, manifest: Manifest, pages: dict, load_host: HostLoader) -> _Plan:
+        """Check the epoch against the live layout and build what installing it writes; changes nothing."""
         try:
-            install_host = load_host(host, blobs)
-        except (ValueError, KeyError, TypeError, RuntimeError, OverflowError, AttributeError) as exc:
+            staged = self.snap.prepare(pages, manifest.blob_sizes)
+        except CapsuleCorrupt as exc:
+            raise EpochCorrupt(manifest.epoch, str(exc)) from None
+        try:
+            install_host = load_host(manifest.host, staged.blobs)
+        except KeyError as exc:
+            raise EpochCorrupt(manifest.epoch, f"host state lacks {exc.args[0] if exc.args else exc}") from None
+        except (ValueError, TypeError, RuntimeError, OverflowError, AttributeError, IndexError) as exc:
             # RuntimeError: torch refusing a generator device or state the manifest names
-            raise CapsuleCorrupt(f"epoch {epoch}: host state is inconsistent ({exc})") from None
-        # everything is verified: from here on the live state changes
-        self.snap.apply(pages, blobs)
-        self._base = None if epoch == self.store.latest_epoch() else epoch
-        install_host()
+            raise EpochCorrupt(manifest.epoch, f"host state is inconsistent ({exc})") from None
+        # after a restore of an older epoch, the next capsule is a delta over it (asked now: a
+        # store error here still changes nothing)
+        base = None if manifest.epoch == self.store.latest_epoch() else manifest.epoch
+        return _Plan(manifest, staged, install_host, base)
+
+    def _install(self, plan: _Plan) -> None:
+        """Everything is verified and built: only in-place copies and assignments from here on."""
+        self.snap.apply(plan.staged)
+        self._base = plan.base
+        plan.install_host()
         self._kv_state()  # the pool now equals the capsule: nothing is dirty
-        return Restored(epoch, host, blobs, skipped)

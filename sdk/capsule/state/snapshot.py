@@ -10,6 +10,7 @@ Not thread-safe: the checkpointer calls it from the session's thread.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -110,44 +111,35 @@ class Snapshotter:
         self._host[key] = blob
         return out
 
-    def _apply_kv(self, kv_pages: dict[int, bytes]) -> None:
-        pool = self.registry[KV_REGION].tensor                              # (NB, L, 2, bs, KV, hd)
-        blocks = sorted(kv_pages)
-        if pool.device.type == "cpu":
-            # straight from the mapped segment into the pool: one memcpy per contiguous block
-            dst = pool.view(pool.shape[0], -1).view(torch.uint8).numpy()     # (NB, block bytes)
-            for b in blocks:
-                dst[b] = np.frombuffer(kv_pages[b], dtype=np.uint8)
-            return
-        # CUDA: gather into one pinned buffer, then a single upload and scatter
-        host = torch.empty((len(blocks), *pool.shape[1:]), dtype=pool.dtype, pin_memory=True)
-        staging = host.view(len(blocks), -1).view(torch.uint8).numpy()
-        for i, b in enumerate(blocks):
-            staging[i] = np.frombuffer(kv_pages[b], dtype=np.uint8)
-        idx = torch.tensor(blocks, device=pool.device)
-        pool.index_copy_(0, idx, host.to(pool.device, non_blocking=True))
-
     def _stream(self, t: torch.Tensor) -> "torch.cuda.Stream | None":
         if t.device.type == "cuda" and self._side is None:
             self._side = torch.cuda.Stream(device=t.device)
         return self._side
 
     # -- restore ------------------------------------------------------------------------------
-    def check(self, pages: dict[str, dict[int, bytes]], blob_sizes: dict[str, int]) -> dict[str, bytes]:
-        """Validate an epoch's page view against this session's layout and rebuild the host blobs.
+    def max_page_bytes(self) -> int:
+        """The largest page this layout writes: a KV block, a region page or a host page."""
+        sizes = [HOST_PAGE] + [r.page_bytes for r in self.registry if r.role != "output"]
+        return max(sizes)
 
-        Runs before anything live is touched, so a bad capsule leaves the session unchanged.
-        """
+    def prepare(self, pages: dict[str, dict[int, bytes]], blob_sizes: dict[str, int]) -> "Staged":
+        """Validate an epoch's page view against this session's layout, rebuild the host blobs and
+        build everything `apply` writes. Touches nothing live: a bad capsule changes nothing."""
         kv = self.registry[KV_REGION] if KV_REGION in self.registry else None
         for b, page in pages.get(KV_REGION, {}).items():
             if kv is None or not 0 <= b < kv.tensor.shape[0] or len(page) != kv.page_bytes:
                 raise CapsuleCorrupt(f"KV page {b} does not fit this pool ({len(page)} bytes)")
+        regions = []
         for region in self.saved_regions():
             nbytes = region.tensor.numel() * region.tensor.element_size()
             got = pages.get(region.name, {})
             want = -(-nbytes // region.page_bytes)
             if sorted(got) != list(range(want)) or sum(len(p) for p in got.values()) != nbytes:
                 raise CapsuleCorrupt(f"region {region.name!r}: capsule pages do not cover its {nbytes} bytes")
+            data = b"".join(got[i] for i in range(want))
+            flat = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy()).to(region.tensor.device)
+            digests = [_digest(data[i:i + region.page_bytes]) for i in range(0, len(data), region.page_bytes)]
+            regions.append((region, flat, digests))
         blobs = {}
         for key, size in blob_sizes.items():
             got = pages.get(f"host/{key}", {})
@@ -158,19 +150,54 @@ class Snapshotter:
             if len(blob) != size:
                 raise CapsuleCorrupt(f"host state {key!r}: {len(blob)} bytes, manifest says {size}")
             blobs[key] = blob
-        return blobs
+        return Staged(self._stage_kv(pages.get(KV_REGION, {})), regions, blobs)
 
-    def apply(self, pages: dict[str, dict[int, bytes]], blobs: dict[str, bytes]) -> None:
-        """Write checked pages into the live buffers in place (storage never moves)."""
-        kv_pages = pages.get(KV_REGION, {})
-        if kv_pages:
-            self._apply_kv(kv_pages)
-        for region in self.saved_regions():
-            got = pages[region.name]
-            data = b"".join(got[i] for i in range(len(got)))
-            flat = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
-            region.tensor.view(-1).view(torch.uint8).copy_(flat.to(region.tensor.device))
-            self._digests[region.name] = [_digest(data[i:i + region.page_bytes])
-                                          for i in range(0, len(data), region.page_bytes)]
-        self._host = dict(blobs)
+    def _stage_kv(self, kv_pages: dict[int, bytes]) -> "_KVStage | None":
+        if not kv_pages:
+            return None
+        pool = self.registry[KV_REGION].tensor                              # (NB, L, 2, bs, KV, hd)
+        blocks = sorted(kv_pages)
+        if pool.device.type == "cpu":
+            # views of the mapped segment: apply copies them straight into the pool
+            return _KVStage(blocks, [np.frombuffer(kv_pages[b], dtype=np.uint8) for b in blocks], None, None)
+        # CUDA: one pinned buffer uploaded now; apply is a single scatter
+        host = torch.empty((len(blocks), *pool.shape[1:]), dtype=pool.dtype, pin_memory=True)
+        staging = host.view(len(blocks), -1).view(torch.uint8).numpy()
+        for i, b in enumerate(blocks):
+            staging[i] = np.frombuffer(kv_pages[b], dtype=np.uint8)
+        idx = torch.tensor(blocks, device=pool.device)
+        return _KVStage(blocks, [], idx, host.to(pool.device))
+
+    def apply(self, staged: "Staged") -> None:
+        """Write prepared pages into the live buffers in place (storage never moves). Only copies
+        of buffers whose sizes were checked: nothing here can fail halfway."""
+        kv = staged.kv
+        if kv is not None:
+            pool = self.registry[KV_REGION].tensor
+            if kv.device_rows is None:
+                dst = pool.view(pool.shape[0], -1).view(torch.uint8).numpy()     # (NB, block bytes)
+                for b, row in zip(kv.blocks, kv.rows):
+                    dst[b] = row
+            else:
+                pool.index_copy_(0, kv.index, kv.device_rows)
+        for region, flat, digests in staged.regions:
+            region.tensor.view(-1).view(torch.uint8).copy_(flat)
+            self._digests[region.name] = digests
+        self._host = dict(staged.blobs)
         self.full = False  # the live state now equals the capsule: the next one is a delta over it
+
+
+@dataclass(frozen=True)
+class _KVStage:
+    blocks: list[int]
+    rows: list[np.ndarray]                  # CPU: one uint8 row per block
+    index: "torch.Tensor | None"            # CUDA: block ids on the device
+    device_rows: "torch.Tensor | None"      # CUDA: the blocks, uploaded
+
+
+@dataclass(frozen=True)
+class Staged:
+    """An epoch checked against this layout, ready to write in place (Snapshotter.apply)."""
+    kv: _KVStage | None
+    regions: list[tuple[Region, torch.Tensor, list[int]]]
+    blobs: dict[str, bytes]
