@@ -64,6 +64,7 @@ def test_truncated_index_is_rebuilt_from_the_log_not_empty(tmp_path):
         (store / extra).unlink(missing_ok=True)
     with Session.open(store, device="cpu", runtime=RT) as s:   # the log is the truth
         assert s.restored_epoch == 2 and s.tokens() == second
+        assert "index rebuilt from the segment log" in s.restore_report[0]   # said, not silent
         s.generate(3)
         s.checkpoint()
     with Session.open(store, device="cpu", runtime=RT) as s:

@@ -45,7 +45,8 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         self.tokenizer = llm.tokenizer if llm else None
         self.model_info = llm.info if llm else None
         self.restored_epoch: int | None = None
-        # epochs the last restore skipped (damaged, unreadable, another setup's), each with why
+        # epochs the last restore skipped (damaged, unreadable, another setup's), each with why;
+        # after the restore at open, first what the store's recovery did (e.g. an index rebuilt)
         self.restore_report: list[str] = []
         self._llm_parts = llm
         self._engine: Engine | None = llm.engine if llm else None

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..errors import CapsuleCorrupt, CapsuleMismatch, StoreError
+from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
 from ..store.inputs import check_name
 from .binding import RESTORE_HINT, Binding
 from .manifest import EpochCorrupt, Limits, Manifest, encode, parse
@@ -138,7 +138,7 @@ class Checkpointer:
             if self._since_compact >= max(self.keep_epochs, 8):
                 self.store.compact()
                 self._since_compact = 0
-        except (StoreError, OSError) as exc:
+        except (CapsuleError, OSError) as exc:   # a damaged index included: the epochs are committed
             log.warning("capsule store maintenance failed (epochs stay durable; retried later): %s", exc)
 
     def _resync(self) -> None:
@@ -177,7 +177,9 @@ class Checkpointer:
             if skipped:
                 log.warning("capsule store %s: restored epoch %d, not the newest: skipped %s", self.store.path,
                             epoch, " | ".join(skipped))
-            return Restored(epoch, manifest.host, plan.staged.blobs, list(skipped))
+            # what the store's recovery did at open (an index rebuilt from the log, bytes set aside)
+            # comes first: it is part of why this epoch is the one restored
+            return Restored(epoch, manifest.host, plan.staged.blobs, [*self.store.recovery_report, *skipped])
 
     def restore(self, epoch_or_name: int | str, load_host: HostLoader) -> Restored:
         """That epoch, or an error (CapsuleCorrupt, CapsuleMismatch) with nothing changed."""
