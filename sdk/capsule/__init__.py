@@ -12,7 +12,8 @@ from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatc
                      StoreError, TokenizerError, UnknownStream, UnsupportedArchitecture, VocabMismatch)
 from .control import ControlLoop
 from .session import Session
+from .store.errors import UnsafeStore
 
 __all__ = ["__version__", "ControlLoop", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
-           "ModelLoadError", "StoreError", "TokenizerError", "UnknownStream", "UnsupportedArchitecture",
-           "VocabMismatch"]
+           "ModelLoadError", "StoreError", "UnsafeStore", "TokenizerError", "UnknownStream",
+           "UnsupportedArchitecture", "VocabMismatch"]

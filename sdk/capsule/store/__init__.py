@@ -6,11 +6,11 @@ Format and protocol: docs/FORMAT.md.
 """
 from .errors import (CapsuleCorrupt, DamagedFactWarning, FactCorrupt, FactRowCorrupt, IndexCorrupt,
                      PageCorrupt, SigningKeyError, StoreError, StoreIOError, StoreLocked, UnknownEpoch,
-                     UnknownFact)
+                     UnknownFact, UnsafeStore)
 from .info import EpochInfo, FactInfo, VerifyReport
 from .segments import FileOps
 from .store import Store
 
 __all__ = ["Store", "EpochInfo", "FactInfo", "VerifyReport", "FileOps", "StoreError", "CapsuleCorrupt",
-           "StoreLocked", "SigningKeyError", "StoreIOError", "UnknownEpoch", "UnknownFact", "IndexCorrupt",
-           "PageCorrupt", "FactCorrupt", "FactRowCorrupt", "DamagedFactWarning"]
+           "StoreLocked", "SigningKeyError", "StoreIOError", "UnsafeStore", "UnknownEpoch", "UnknownFact",
+           "IndexCorrupt", "PageCorrupt", "FactCorrupt", "FactRowCorrupt", "DamagedFactWarning"]

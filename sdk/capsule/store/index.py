@@ -53,6 +53,8 @@ def check_sqlite_header(path: Path) -> None:
         os.close(fd)
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise IndexCorrupt(f"{path} is not an SQLite database (garbage or truncated header)")
+    if head[18] not in (1, 2) or head[19] not in (1, 2):  # SQLite would open it read-only, or not at all
+        raise IndexCorrupt(f"{path} has a damaged header (file format versions {head[18]}/{head[19]})")
     wal = path.with_name(path.name + "-wal")
     if wal.exists() and wal.stat().st_size > 0:
         return  # after a crash mid-checkpoint the main file may be short; SQLite replays the WAL

@@ -6,17 +6,24 @@ SIGKILL), so a crashed writer never leaves a stale lock behind.
 A failed open of a new store removes what it created, LOCK included (lock_folder): acquire()
 therefore checks, once it holds the flock, that its file is still the one at `path`, and retries
 if the file was unlinked (or replaced) meanwhile, so two openers never lock two different files.
+
+LOCK is opened with fsafe.open_regular: a LOCK that is a link (or a FIFO, ...) is refused with
+UnsafeStore, never written through.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import fsafe
 from .errors import StoreLocked
+
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
 # (st_dev, st_ino) of each LOCK this process holds -> the pid that took it (a forked child
 # inherits the dict but is another process)
@@ -55,22 +62,21 @@ def acquire(path: Path) -> int:
 
 
 def _open(path: Path) -> tuple[int, bool]:
-    """(fd, whether this call created the file)."""
-    flags = os.O_RDWR | os.O_CLOEXEC
+    """(fd, whether this call created the file). UnsafeStore if LOCK is a link or no regular file."""
     while True:
         try:
-            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+            return fsafe.open_regular(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), True
         except FileExistsError:
             pass
         try:
-            return os.open(path, flags), False
+            return fsafe.open_regular(path, os.O_RDWR), False
         except FileNotFoundError:   # unlinked in between: try to create it again
             continue
 
 
 def _is_current(path: Path, st: os.stat_result) -> bool:
     try:
-        now = os.stat(path)
+        now = os.lstat(path)   # a link put in its place is not our file
     except FileNotFoundError:
         return False
     return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
@@ -121,7 +127,11 @@ class FolderLock:
         if self.before is None:
             release(self.fd)
             return
-        for name in sorted(_entries(self.path, self.owned) - self.before, reverse=True):  # a/x before a
+        added = _entries(self.path, self.owned) - self.before
+        # an SQLite file that was there keeps its companions: after a checkpoint cut short (a full
+        # disk) the main file is short and only its -wal holds the committed pages
+        added -= {f"{n}{s}" for n in self.before for s in _SQLITE_COMPANIONS}
+        for name in sorted(added, reverse=True):  # a/x before a
             target = self.path / name
             with contextlib.suppress(OSError):
                 if target.is_dir() and not target.is_symlink():
@@ -130,6 +140,18 @@ class FolderLock:
                     target.unlink()
         release(self.fd, unlink=self.path / "LOCK" if self.lock_created else None)
         _remove_dirs(self.made)
+
+
+def check_folder(path: Path, owned: tuple[str, ...]) -> None:
+    """Refuse (UnsafeStore), before anything is created or locked, a folder whose LOCK or owned
+    entries are links, or neither regular files nor real folders (FIFOs, sockets, devices). What is
+    inside owned folders is checked where it is listed (segments.list_segment_files)."""
+    if not os.path.isdir(path):
+        return   # created by lock_folder
+    for name in ("LOCK",) + owned:
+        st = fsafe.lstat(path / name)
+        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise fsafe.refusal(path / name, st.st_mode)
 
 
 def lock_folder(path: Path, *, is_new: Callable[[], bool], owned: tuple[str, ...]) -> FolderLock:
@@ -143,7 +165,7 @@ def lock_folder(path: Path, *, is_new: Callable[[], bool], owned: tuple[str, ...
         p = p.parent
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock_existed = (path / "LOCK").exists()
+        lock_existed = os.path.lexists(path / "LOCK")
         fd = acquire(path / "LOCK")
     except BaseException:
         _remove_dirs(made)  # only those still empty

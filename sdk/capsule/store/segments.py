@@ -6,13 +6,17 @@ while it is in use.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from . import fsafe
+from .errors import UnsafeStore
 from .records import SEGMENT_HEADER, Buffer, RecordError, check_segment_header, segment_header
 
 SEGMENT_NAME = re.compile(r"^(\d{6,9})\.seg$")
@@ -24,13 +28,20 @@ def segment_path(folder: Path, segment: int) -> Path:
 
 
 def list_segment_files(folder: Path) -> dict[int, Path]:
-    """Segment id -> path for every *.seg file in folder (other names are ignored)."""
-    found = {}
-    for entry in os.scandir(folder):
-        m = SEGMENT_NAME.match(entry.name)
-        if m and entry.is_file(follow_symlinks=False):
-            found[int(m.group(1))] = Path(entry.path)
-    return found
+    """Segment id -> path for every *.seg regular file in folder (other names are ignored).
+
+    Refuses (UnsafeStore) what the store must never touch: folder not a real folder, a segment
+    named link, or a highest-numbered segment entry that is no regular file (the writer appends to
+    it, or deletes it as never committed). A lower one that is no regular file (a FIFO, a folder)
+    is left out: reading it fails like any unreadable segment (PageCorrupt; verify reports it)."""
+    fsafe.check_dir(folder)
+    named = {int(m.group(1)): e for e in os.scandir(folder) if (m := SEGMENT_NAME.match(e.name))}
+    for entry in named.values():
+        if entry.is_symlink():
+            raise fsafe.refusal(entry.path, stat.S_IFLNK)
+    if named:
+        fsafe.check_entry(named[max(named)].path)
+    return {seg: Path(e.path) for seg, e in sorted(named.items()) if e.is_file(follow_symlinks=False)}
 
 
 class FileOps:
@@ -38,7 +49,14 @@ class FileOps:
     ENOSPC / EIO; every method raises OSError on failure."""
 
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        return os.open(path, flags, mode)
+        """fsafe.open_regular: never a link, never blocking, a regular file only. A refusal is an
+        OSError here too (ELOOP / EINVAL carrying UnsafeStore's message, which it chains), so the
+        write path cuts and reports it like any failed write."""
+        try:
+            return fsafe.open_regular(path, flags, mode)
+        except UnsafeStore as exc:
+            code = errno.ELOOP if os.path.islink(path) else errno.EINVAL
+            raise OSError(code, str(exc), path) from exc
 
     def write(self, fd: int, data: Buffer) -> None:
         """Write all of data (loops over short writes)."""
@@ -51,7 +69,8 @@ class FileOps:
         (os.fdatasync if hasattr(os, "fdatasync") else os.fsync)(fd)
 
     def fsync_dir(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        # O_NOFOLLOW: a folder swapped for a link is refused (ELOOP), not synced through
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.fsync(fd)
         finally:
@@ -193,13 +212,13 @@ class SegmentWriter:
 
 def _header_intact(folder: Path, segment: int, signed: bool) -> bool:
     try:
-        fd = os.open(segment_path(folder, segment), os.O_RDONLY)
+        fd = fsafe.open_regular(segment_path(folder, segment), os.O_RDONLY)
         try:
             check_segment_header(os.pread(fd, SEGMENT_HEADER.size, 0), segment, signed)
         finally:
             os.close(fd)
-    except (OSError, RecordError):
-        return False
+    except (OSError, RecordError, UnsafeStore):
+        return False  # a link or no regular file is not continued either: writes go to a new file
     return True
 
 
@@ -261,9 +280,11 @@ class SegmentReader:
         if got is not None:
             return got
         try:
-            fd = os.open(segment_path(self._dir, segment), os.O_RDONLY)
+            fd = fsafe.open_regular(segment_path(self._dir, segment), os.O_RDONLY)
         except FileNotFoundError:
             raise RecordError(f"segment file {segment:06d}.seg is missing") from None
+        except UnsafeStore as exc:  # a link, FIFO or folder is unreadable, like any damaged segment
+            raise RecordError(f"segment file {segment:06d}.seg cannot be read: {exc}") from None
         try:
             check_segment_header(os.pread(fd, SEGMENT_HEADER.size, 0), segment, self._signed)
         except RecordError:

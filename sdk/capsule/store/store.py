@@ -35,7 +35,7 @@ from .segments import FileOps, SegmentReader, list_segment_files
 
 # what a store puts in its folder besides LOCK (a failed open of a new store removes them again)
 OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal",
-         "index.sqlite.rebuild", "quarantine")
+         "index.sqlite.new", "index.sqlite.rebuild", "quarantine")
 
 
 class Store(FactsMixin):
@@ -270,6 +270,17 @@ class Store(FactsMixin):
                             raise IndexStale(f"{exc.summary}; the index, not the log, looks wrong") from exc
             except IndexCorrupt as exc:
                 self._repair_once(exc, repaired)
+
+    def load_manifest(self, epoch: int, *, max_bytes: int | None = None) -> bytes:
+        """An epoch's manifest alone (verified, and checked against its envelope), reading no page:
+        for listings. PageCorrupt when its record is damaged; max_bytes refuses a bigger one unread."""
+        def read() -> bytes:
+            manifest = self._index.manifest_ref(epoch)
+            if manifest is None:
+                raise UnknownEpoch(f"no epoch {epoch!r} in store {self.path}; {self._known()}")
+            with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
+                return loading.manifest(segs, self._sealer, self._ident(), manifest, epoch, max_bytes)
+        return self._reading(read)
 
     def load_newest_valid(self, accept: Callable[[int, bytes], None] | None = None, *,
                           max_page_bytes: int | None = None) -> tuple[int, bytes, Pages, list[str]] | None:
