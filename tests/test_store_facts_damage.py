@@ -2,7 +2,6 @@
 (skipped with a warning, never handed out), and a fact's KV record is bound to its text."""
 from __future__ import annotations
 
-import hashlib
 import warnings
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from capsule.errors import CapsuleCorrupt, StoreError
 from capsule.store import FactCorrupt, Store
-from capsule.store import factdb, factrecord, factrows
+from capsule.store import factdb, factrecord
 from capsule.store.errors import DamagedFactWarning, FactRowCorrupt
 from capsule.store.records import RECORD_HEADER
 from test_store_facts import FACTS, KEY, add_all, fact_records, kv, sql

@@ -15,7 +15,7 @@ from .memory.encode import VERSION as _FACTKV_VERSION
 from . import safejson
 from .state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
 from .store import Store
-from .store.errors import DamagedFactWarning, SigningKeyError
+from .store.errors import DamagedFactWarning, PageCorrupt, SigningKeyError
 from .store.store import holds_store
 
 # A memory fact's KV bytes start with the FactKV header of memory/encode.py (its format constants
@@ -130,24 +130,15 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-class _Seen(CapsuleError):
-    """Raised by _manifests' accept: every epoch is skipped once its manifest was seen."""
-
-
-def _manifests(store: Store) -> dict[int, bytes]:
-    """Every epoch's manifest bytes, reading no page: load_newest_valid hands each verified
-    manifest to `accept` before it reads that epoch's pages, and an accept that raises skips it.
-    (An epoch whose manifest record is damaged is missing here; Store.verify reports it.)"""
+def _manifests(store: Store, ids: list[int]) -> dict[int, bytes]:
+    """Every epoch's manifest bytes, reading no page. (An epoch whose manifest record is damaged
+    is missing here; Store.verify reports it.)"""
     seen: dict[int, bytes] = {}
-
-    def grab(epoch: int, data: bytes) -> None:
-        seen[epoch] = bytes(data)
-        raise _Seen("seen")
-    try:
-        store.load_newest_valid(grab)
-    except CapsuleCorrupt as exc:
-        if type(exc) is not CapsuleCorrupt:   # IndexCorrupt and the like: the store itself is damaged
-            raise
+    for epoch in ids:
+        try:
+            seen[epoch] = store.load_manifest(epoch, max_bytes=MAX_MANIFEST_BYTES)
+        except PageCorrupt:
+            continue
     return seen
 
 
@@ -156,7 +147,7 @@ def _check_manifests(store: Store, ids: list[int]) -> tuple[dict[int, Manifest],
     generic bounds), and a line per epoch whose manifest does not. A store where no epoch even
     claims to be a Session capsule (written through Store directly: manifests are opaque bytes
     to the store) has nothing to check here."""
-    raw = _manifests(store)
+    raw = _manifests(store, ids)
     parsed: dict[int, Manifest] = {}
     problems = []
     for epoch in ids:

@@ -27,6 +27,9 @@ from .segments import SegmentReader, segment_path
 Pages = dict[str, dict[int, bytes]]
 Accept = Callable[[int, bytes], None]
 SUSPECT_AFTER = 8   # consecutive damaged epochs before the index is suspected instead of the log
+# what an envelope adds to the caller's manifest: record header, head JSON, the listing (a
+# generous bound: 16 MiB of head + listing, far above what any session writes)
+MAX_ENVELOPE_OVERHEAD = 16 << 20
 
 
 class _KnownBad(Exception):
@@ -53,6 +56,15 @@ def load(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, manife
         raise _KnownBad()
     listing = man.envelope.listing if man.envelope is not None else None
     return man.app, read_pages(segs, sealer, view, epoch, max_page_bytes, listing)
+
+
+def manifest(segs: SegmentReader, sealer: Sealer, ident: Ident, ref: PageRef, epoch: int,
+             max_bytes: int | None) -> bytes:
+    """The caller's manifest bytes of one epoch (PageCorrupt if its record is bad or too big)."""
+    if max_bytes is not None and ref.length is not None and ref.length > max_bytes + MAX_ENVELOPE_OVERHEAD:
+        raise PageCorrupt(epoch, None, None, ref.segment or -1, ref.offset or -1,
+                          f"manifest record of {ref.length} bytes; at most {max_bytes} are read", loading=epoch)
+    return read_manifest(segs, sealer, ref, epoch, ident.store_id, ident.legacy_until).app
 
 
 def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, accept: Accept | None,
@@ -106,7 +118,7 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
 
 def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> bool:
     """Whether the index, not the log, is wrong about the record exc names: it points outside the
-    committed part of a live segment, or at an intact record (of another identity)."""
+    committed part of a live segment, or at an intact record of another identity."""
     end = index.segments("live").get(exc.segment)
     if end is None or not SEGMENT_HEADER.size <= exc.offset < end:
         return True
@@ -116,9 +128,10 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
             head = parse_header(os.pread(fd, RECORD_HEADER.size, exc.offset))
             if exc.offset + head.total > end:
                 return False
-            decode_record(os.pread(fd, head.total, exc.offset), sealer)
+            head, region, _ = decode_record(os.pread(fd, head.total, exc.offset), sealer)
         finally:
             os.close(fd)
     except (OSError, RecordError):
         return False    # damaged bytes at a record the index may well be right about
-    return True
+    # the very record the row names, refused for itself (too big for the caller, say): not misplaced
+    return (head.epoch, region, head.index) != (exc.epoch, exc.region or "", exc.index or 0)
