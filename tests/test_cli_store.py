@@ -10,7 +10,7 @@ from capsule.cli import main
 from capsule.store import Store, lockfile
 
 KEY = b"k" * 32
-VERBS = ["inspect", "verify"]
+VERBS = ["inspect", "verify", "repair"]
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def _err_line(capsys) -> str:
 def test_signed_store_opens_with_the_key_file(verb, tmp_path, capsys):
     store = _store(tmp_path / "s", KEY)
     assert main([verb, str(store), "--sign-key-file", str(_key_file(tmp_path / "key"))]) == 0
-    assert ("1 epoch(s)" if verb == "inspect" else "OK") in capsys.readouterr().out
+    assert {"inspect": "1 epoch(s)", "verify": "OK", "repair": "verify: ok"}[verb] in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -116,3 +116,16 @@ def test_an_oserror_past_opening_is_a_one_line_error(tmp_path, monkeypatch, caps
     monkeypatch.setattr(Store, "verify", eio)
     assert main(["verify", str(store)]) == 1
     assert "Input/output error" in _err_line(capsys)
+
+
+def test_repair_rebuilds_a_damaged_index_from_the_log(tmp_path, capsys):
+    path = _store(tmp_path / "s")
+    with Store.open(path) as st:
+        st.write_epoch([("kv", 1, b"more")], b'{"host": {"streams": []}}')
+    (path / "index.sqlite").write_bytes(b"garbage" * 100)
+    assert main(["repair", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "index rebuilt from the segment log" in out and "2 epochs (1, 2)" in out and "verify: ok" in out
+    with Store.open(path) as st:
+        assert st.resolve("start") == 1 and st.load_epoch(2)[1] == {"kv": {0: b"page", 1: b"more"}}
+    assert list((path / "quarantine").glob("*-index/index.sqlite"))     # the old index is kept

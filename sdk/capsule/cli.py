@@ -1,4 +1,4 @@
-"""`capsule` command line: demo | doctor | bench | memory | inspect | verify. Parsing and dispatch only."""
+"""`capsule` command line: demo | doctor | bench | memory | inspect | verify | repair. Parsing and dispatch only."""
 from __future__ import annotations
 
 import argparse
@@ -65,6 +65,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     ok, report = verify_store(args.store, *read_sign_key(args.sign_key_file))
     print(report)
     return 0 if ok else 1
+
+
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from .inspect import read_sign_key
+    from .repair import repair_store
+
+    print(repair_store(args.store, *read_sign_key(args.sign_key_file)))
+    return 0
 
 
 def _cmd_memory_reencode(args: argparse.Namespace) -> int:
@@ -142,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     reencode.set_defaults(func=_cmd_memory_reencode)
 
     for verb, what, func in (("inspect", "list a store's epochs, sizes, fingerprints and streams", _cmd_inspect),
-                             ("verify", "read and check every record (exit 1 on damage)", _cmd_verify)):
+                             ("verify", "read and check every record (exit 1 on damage)", _cmd_verify),
+                             ("repair", "rebuild the store's index from its segment log (the old index is "
+                                        "kept in quarantine/)", _cmd_repair)):
         p = sub.add_parser(verb, parents=[common], help=what)
         p.add_argument("store", help="store folder")
         p.add_argument("--sign-key-file", metavar="PATH", default=None,

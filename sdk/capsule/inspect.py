@@ -60,7 +60,8 @@ def read_sign_key(option: str | None) -> tuple[bytes | None, str]:
     return key, source
 
 
-def _open_existing(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> Store:
+def open_existing(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> Store:
+    """Open a store that must already exist (the CLI's verbs never create one); typed errors."""
     folder = Path(path)
     if not folder.is_dir():
         raise StoreError(f"{str(path)!r} is not a capsule store folder")
@@ -93,7 +94,7 @@ def inspect_report(path: str | os.PathLike, sign_key: bytes | None = None,
     """(ok, text): epochs, sizes, and for the newest readable epoch its fingerprints, regions and
     streams. An epoch whose manifest or pages cannot be read gets one line saying why (ok False).
     sign_key: a signed store's key (source: where it came from, for messages)."""
-    with _open_existing(path, sign_key, source) as store:
+    with open_existing(path, sign_key, source) as store:
         stats = store.stats()
         epochs = store.epochs()
         lines = [f"store {path}: {len(epochs)} epoch(s), {stats['segments']} segment(s), "
@@ -202,7 +203,7 @@ def verify_store(path: str | os.PathLike, sign_key: bytes | None = None,
     """Read and check every record, every epoch's manifest (its shape), and every memory fact (its
     row, its text binding, its FactKV header against the row); (ok, report). sign_key, source: as
     for inspect_store."""
-    with _open_existing(path, sign_key, source) as store:
+    with open_existing(path, sign_key, source) as store:
         report = store.verify()
         damaged = _fact_damage(store, set(report.facts_bad))
         # epochs whose manifest record is bad are in the report already: only the readable ones

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import StoreError
 from . import rebuild, recovery
@@ -38,8 +39,8 @@ class Opened:
     report: tuple[str, ...]   # what recovery did (rebuilt, cut, set aside); empty for a clean open
 
 
-def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_rebuild: str | None = None
-               ) -> Opened:
+def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_rebuild: str | None = None,
+               progress: Callable[[int, int], None] | None = None) -> Opened:
     seg_dir = path / "segments"
     report: list[str] = []
     rebuild.discard_unfinished(path)   # a rebuild that crashed before its swap left its temporary index
@@ -71,7 +72,7 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
                 index.close()
                 index = None
             report += rebuild.rebuild_index(path, sealer, store_id=old.get("store_id"), created=old.get("created"),
-                                            why=why)
+                                            why=why, progress=progress)
             index = Index.open(path / "index.sqlite", create=False, segments_exist=True)
             meta = _check_meta(path, index, sealer)
             _, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=True)

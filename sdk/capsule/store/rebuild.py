@@ -78,8 +78,8 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     finally:
         index.close()
     quarantine.swap_index(path, tmp)
-    report.append(f"{len(epochs)} epochs ({', '.join(str(e.epoch) for _, e in epochs[-6:])}"
-                  f"{' ...' if len(epochs) > 6 else ''}) and {len(facts)} facts recovered")
+    held = f" ({_ids([e.epoch for _, e in epochs])})" if epochs else ""
+    report.append(f"{len(epochs)} epochs{held} and {len(facts)} facts recovered")
     return report
 
 

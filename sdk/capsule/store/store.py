@@ -158,16 +158,19 @@ class Store(FactsMixin):
             maintenance.delete_dead_segments(self._index, self._fs, self._seg_dir)
         self._commit.reset_to_committed()
 
-    def repair(self, why: str = "asked for (Store.repair)") -> list[str]:
+    def repair(self, why: str = "asked for (Store.repair)",
+               progress: Callable[[int, int], None] | None = None) -> list[str]:
         """Rebuild index.sqlite from the segment log (the old index files go to quarantine/);
         returns what was done (also appended to recovery_report). Epochs whose records are all
-        intact come back, with facts and forgets; nothing in the segments is changed."""
+        intact come back, with facts and forgets; nothing in the segments is changed. Staged,
+        unsynced epochs are discarded first. progress(done, total) is called per segment scanned."""
         with self._wlock, self._lock:
             self._check_open()
             self.discard_staged()   # never synced, never acknowledged: cut, not adopted
             self._index.close()
             try:
-                opened = open_index(self.path, self._sealer, self._fs, create=False, force_rebuild=why)
+                opened = open_index(self.path, self._sealer, self._fs, create=False, force_rebuild=why,
+                                    progress=progress)
             except BaseException:
                 self._index = Index.open(self.path / "index.sqlite", create=False, segments_exist=True)
                 self._commit.attach_index(self._index)
