@@ -22,6 +22,7 @@ from .index import Index
 from .info import PageRef
 from .reader import read_manifest, read_pages
 from .records import RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer, decode_record, parse_header
+from .scan import open_segment
 from .segments import SegmentReader, segment_path
 
 Pages = dict[str, dict[int, bytes]]
@@ -123,7 +124,7 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
     if end is None or not SEGMENT_HEADER.size <= exc.offset < end:
         return True
     try:
-        fd = os.open(segment_path(seg_dir, exc.segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = open_segment(segment_path(seg_dir, exc.segment))
         try:
             head = parse_header(os.pread(fd, RECORD_HEADER.size, exc.offset))
             if exc.offset + head.total > end:

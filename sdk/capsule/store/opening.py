@@ -25,7 +25,7 @@ from ..errors import StoreError
 from . import rebuild, recovery
 from .errors import IndexCorrupt, SigningKeyError
 from .index import Index
-from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, STORE_FORMAT_VERSION, Sealer
+from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, STORE_FORMAT_VERSION, RecordError, Sealer
 from .segments import FileOps, list_segment_files
 
 log = logging.getLogger("capsule")
@@ -77,9 +77,12 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
             meta = _check_meta(path, index, sealer)
             _, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=True)
             report += lines
-    except BaseException:
+    except BaseException as exc:
         if index is not None:
             index.close()
+        if isinstance(exc, RecordError):   # a file that changed under recovery: typed, like all damage
+            raise IndexCorrupt(f"store {path}: recovery could not read the log ({exc}); nothing more was "
+                               f"changed, open it again") from exc
         raise
     for line in report:
         log.warning("capsule store %s: %s", path, line)

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from . import fsafe
 from .errors import StoreIOError
-from .scan import Scanned
+from .scan import Scanned, open_segment
 from .segments import segment_path
 
 FOLDER = "quarantine"
@@ -48,7 +49,7 @@ def event_dir(path: Path, what: str) -> Path:
 
 
 def write_file(folder: Path, name: str, data: bytes | memoryview) -> None:
-    fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = fsafe.open_regular(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(data).cast("B")
         while view:
@@ -68,11 +69,10 @@ def _done(folder: Path, reason: str) -> str:
 def save_tail(path: Path, segment: int, start: int, reason: str) -> str:
     """Copy the bytes of a segment from `start` to its end into quarantine (before a cut)."""
     folder = event_dir(path, f"tail-{segment:06d}")
-    src = os.open(segment_path(path / "segments", segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    src = open_segment(segment_path(path / "segments", segment))
     try:
         size = os.fstat(src).st_size
-        fd = os.open(folder / f"{segment:06d}.seg@{start}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                     0o600)
+        fd = fsafe.open_regular(folder / f"{segment:06d}.seg@{start}", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             pos = start
             while pos < size:
@@ -103,7 +103,7 @@ def copy_records(path: Path, items: Sequence[tuple[Scanned, str]]) -> str:
     folder = event_dir(path, "records")
     listing, blobs, pos = [], [], 0
     for rec, why in items:
-        fd = os.open(segment_path(path / "segments", rec.segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_segment(segment_path(path / "segments", rec.segment))
         try:
             data = os.pread(fd, rec.length, rec.offset)
         finally:
@@ -123,7 +123,7 @@ def swap_index(path: Path, tmp: Path) -> None:
     for extra in ("-wal", "-shm", "-journal"):
         if os.path.lexists(f"{tmp}{extra}"):
             raise StoreIOError(f"rebuilt index {tmp} left {tmp.name}{extra} behind; not swapped in")
-    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = fsafe.open_regular(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -149,8 +149,4 @@ def remove_leftover(tmp: Path) -> None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsafe.fsync_dir(folder)

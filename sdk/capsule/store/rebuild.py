@@ -31,7 +31,7 @@ from .index import Index
 from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .records import (STORE_FORMAT_VERSION, KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE,
                       RecordError, Sealer)
-from .scan import Scanned, SegmentScan, payload, scan_segment
+from .scan import Scanned, SegmentScan, payload, scan_segment, open_segment
 from .segments import Position, list_segment_files, segment_path
 
 
@@ -92,7 +92,7 @@ def _sync_segments(seg_dir: Path, scans: list[SegmentScan]) -> None:
     """fsync every readable segment: a crashed writer may have left adopted records unsynced."""
     for scan in scans:
         if scan.header_error is None and scan.records:
-            fd = os.open(segment_path(seg_dir, scan.segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_segment(segment_path(seg_dir, scan.segment))
             try:
                 os.fsync(fd)
             finally:

@@ -27,7 +27,7 @@ from . import quarantine
 from .index import Index
 from .records import (KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE, RECORD_HEADER,
                       SEGMENT_HEADER, STORE_FORMAT_VERSION, RecordError, Sealer, decode_record, parse_header)
-from .scan import GARBAGE, Scanned, SegmentScan, scan_segment
+from .scan import GARBAGE, Scanned, SegmentScan, scan_segment, open_segment
 from .segments import FileOps, list_segment_files, segment_path
 
 UNCOMMITTED, LOST, UNEXPLAINED = "uncommitted", "lost", "unexplained"
@@ -150,7 +150,7 @@ def _is_copy(index: Index, seg_dir: Path, rec: Scanned) -> bool:
 def _verifies(seg_dir: Path, sealer: Sealer, segment: int, offset: int, length: int) -> bool:
     """Whether a whole, intact record lies at the location (its own tag checks out)."""
     try:
-        fd = os.open(segment_path(seg_dir, segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_segment(segment_path(seg_dir, segment))
         try:
             decode_record(os.pread(fd, length, offset), sealer)
         finally:
@@ -164,7 +164,7 @@ def _record_at(seg_dir: Path, segment: int, offset: int, length: int, tag_len: i
     """(kind, epoch, tag) of the record at a location, read without reading its payload."""
     if offset < SEGMENT_HEADER.size or length < RECORD_HEADER.size + tag_len:
         raise RecordError("impossible record location")
-    fd = os.open(segment_path(seg_dir, segment), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_segment(segment_path(seg_dir, segment))
     try:
         head = os.pread(fd, RECORD_HEADER.size, offset)
         tag = os.pread(fd, tag_len, offset + length - tag_len)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import fsafe
+from .errors import UnsafeStore
 from .records import (RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, check_segment_header,
                       decode_record, parse_header)
 from .segments import segment_path
@@ -59,7 +60,7 @@ class SegmentScan:
 def scan_segment(folder: Path, segment: int, sealer: Sealer, start: int | None = None) -> SegmentScan:
     """Scan one segment file from `start` (a record boundary; default: just after the header)."""
     path = segment_path(folder, segment)
-    fd = _open(path)
+    fd = open_segment(path)
     try:
         size = os.fstat(fd).st_size
         first = SEGMENT_HEADER.size if start is None else start
@@ -81,7 +82,7 @@ def scan_segment(folder: Path, segment: int, sealer: Sealer, start: int | None =
 
 def payload(folder: Path, rec: Scanned, sealer: Sealer) -> bytes:
     """The verified payload of a scanned record (read again: scans keep no payloads)."""
-    fd = _open(segment_path(folder, rec.segment))
+    fd = open_segment(segment_path(folder, rec.segment))
     try:
         buf = os.pread(fd, rec.length, rec.offset)
     finally:
@@ -151,13 +152,10 @@ def _tail_kind(view: memoryview, pos: int, why: str) -> str:
     return TORN if pos + head.total > len(view) else GARBAGE
 
 
-def _open(path: Path) -> int:
+def open_segment(path: Path) -> int:
     """A segment for reading: never through a link, never a FIFO or a folder (RecordError)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RecordError(f"segment file {path.name} cannot be opened ({exc.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RecordError(f"segment file {path.name} is not a regular file")
-    return fd
+        return fsafe.open_regular(path, os.O_RDONLY)
+    except (OSError, UnsafeStore) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise RecordError(f"segment file {path.name} cannot be read ({why})") from None
