@@ -129,3 +129,5 @@ def test_repair_rebuilds_a_damaged_index_from_the_log(tmp_path, capsys):
     with Store.open(path) as st:
         assert st.resolve("start") == 1 and st.load_epoch(2)[1] == {"kv": {0: b"page", 1: b"more"}}
     assert list((path / "quarantine").glob("*-index/index.sqlite"))     # the old index is kept
+    assert main(["inspect", str(path)]) == 0
+    assert "quarantine/: 1 folder(s) recovery set aside" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from .memory.encode import MAGIC as _FACTKV_MAGIC
 from .memory.encode import VERSION as _FACTKV_VERSION
 from . import safejson
 from .state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
-from .store import Store
+from .store import Store, quarantine
 from .store.errors import DamagedFactWarning, PageCorrupt, SigningKeyError
 from .store.store import holds_store
 
@@ -100,11 +100,16 @@ def inspect_report(path: str | os.PathLike, sign_key: bytes | None = None,
         lines = [f"store {path}: {len(epochs)} epoch(s), {stats['segments']} segment(s), "
                  f"{stats['bytes_on_disk'] / 2**20:.2f} MiB on disk, {stats['live_bytes'] / 2**20:.2f} MiB live, "
                  f"{stats.get('facts', 0)} memory fact(s)"]
+        aside = quarantine.events(Path(path))
+        if aside:
+            lines.append(f"quarantine/: {len(aside)} folder(s) recovery set aside (never read again; inspect or "
+                         f"delete them); newest {aside[-1][0]}: {aside[-1][1]}")
         if not epochs:
             return True, "\n".join(lines + ["(no epochs yet)"])
         lines.append(f"{'epoch':>6} {'name':<12} {'created (UTC)':<20} {'bytes':>10} {'pages':>6} {'base':>5}  streams")
         for e in epochs:
-            streams = ", ".join(f"{k}:{v}" for k, v in (e.meta.get("streams") or {}).items())
+            named = e.meta.get("streams")
+            streams = ", ".join(f"{k}:{v}" for k, v in named.items()) if isinstance(named, dict) else ""
             lines.append(f"{e.id:>6} {(e.name or '-'):<12} {_when(e.created):<20} {e.bytes_written:>10} "
                          f"{e.n_pages:>6} {e.base or '-':>5}  {streams or '-'}")
         parsed, problems = _check_manifests(store, [e.id for e in epochs])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import fsafe
-from .errors import StoreIOError
+from .errors import StoreIOError, UnsafeStore
 from .scan import Scanned, open_segment
 from .segments import segment_path
 
@@ -136,6 +136,28 @@ def swap_index(path: Path, tmp: Path) -> None:
         _done(folder, "index files replaced by an index rebuilt from the segment log")
     os.rename(tmp, path / "index.sqlite")
     _fsync_dir(path)
+
+
+def events(path: Path) -> list[tuple[str, str]]:
+    """(folder name, first line of its REASON.txt) of every event in path/quarantine, oldest first."""
+    root = path / FOLDER
+    st = fsafe.lstat(root)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return []
+    out = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = fsafe.open_regular(Path(entry.path) / "REASON.txt", os.O_RDONLY)
+            try:
+                reason = os.read(fd, 4096).decode("utf-8", "replace").splitlines()[0]
+            finally:
+                os.close(fd)
+        except (OSError, IndexError, UnsafeStore):
+            reason = "(no REASON.txt)"
+        out.append((entry.name, reason))
+    return out
 
 
 def remove_leftover(tmp: Path) -> None:
