@@ -12,12 +12,13 @@ def repair_store(path: str | os.PathLike, sign_key: bytes | None = None, source:
     """Rebuild path's index.sqlite from its segments (the old index goes to quarantine/); returns
     the report: what opening already recovered, what the rebuild did, what the store now holds."""
     with open_existing(path, sign_key, source) as store:
-        lines = [f"at open: {line}" for line in store.recovery_report]
-        with tqdm(desc="scanning segments", unit="file", leave=False, disable=None) as bar:
-            def progress(done: int, total: int) -> None:
-                bar.total = total
-                bar.update(done - bar.n)
-            lines += store.repair("asked for (capsule repair)", progress=progress)
+        lines = list(store.recovery_report)
+        if not any(line.startswith("index rebuilt") for line in lines):   # opening did not rebuild it already
+            with tqdm(desc="scanning segments", unit="file", leave=False, disable=None) as bar:
+                def progress(done: int, total: int) -> None:
+                    bar.total = total
+                    bar.update(done - bar.n)
+                lines += store.repair("asked for (capsule repair)", progress=progress)
         epochs, facts = store.epochs(), store.count_facts()
         report = store.verify()
     held = (f"store {path}: {len(epochs)} epoch(s)"
