@@ -10,22 +10,19 @@ import contextlib
 import json
 import os
 import sqlite3
-import struct
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import sqlite_utils
-
 from ..errors import StoreError
-from . import factdb, rows
+from . import factdb, rows, schema
 from . import fsafe
 from .errors import IndexCorrupt, StoreIOError
 from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .rows import RowError
+from .sqlitefile import COMPANIONS, check_sqlite_header, hot_journal, is_corruption, roll_back
 
 SCHEMA_VERSION = 1
 _EPOCH_COLS = "id, name, created, bytes_written, n_pages, meta, base"
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
 # (table, segment, offset, length columns, filter): where rows point at records
 _LOCATIONS = (("pages", "segment", "offset", "length", " WHERE segment IS NOT NULL"),
               ("epochs", "man_segment", "man_offset", "man_length", ""),
@@ -33,76 +30,11 @@ _LOCATIONS = (("pages", "segment", "offset", "length", " WHERE segment IS NOT NU
               ("forgets", "segment", "offset", "length", ""))
 
 
-def _is_corruption(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
-    text = str(exc).lower()
-    return "malformed" in text or "not a database" in text
-
-
-def check_sqlite_header(path: Path) -> None:
-    """Cheap O(1) check that the file is a whole SQLite database (catches truncation), unless a
-    hot journal or a WAL is pending: then a short or torn main file is SQLite's to repair."""
-    if _hot_journal(path):
-        return  # a transaction cut by a crash: SQLite plays the journal back before reading
-    fd = fsafe.open_regular(path, os.O_RDONLY)
-    try:
-        size, head = os.fstat(fd).st_size, os.pread(fd, 100, 0)
-    finally:
-        os.close(fd)
-    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
-        raise IndexCorrupt(f"{path} is not an SQLite database (garbage or truncated header)")
-    if head[18] not in (1, 2) or head[19] not in (1, 2):  # SQLite would open it read-only, or not at all
-        raise IndexCorrupt(f"{path} has a damaged header (file format versions {head[18]}/{head[19]})")
-    wal = path.with_name(path.name + "-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        return  # after a crash mid-checkpoint the main file may be short; SQLite replays the WAL
-    page_size = struct.unpack(">H", head[16:18])[0]
-    page_size = 65536 if page_size == 1 else page_size
-    pages, change, valid_for = struct.unpack(">I", head[28:32])[0], head[24:28], head[92:96]
-    if page_size < 512 or size % page_size or (change == valid_for and pages * page_size > size):
-        raise IndexCorrupt(f"{path} is truncated ({size} bytes, header says {pages} pages of {page_size})")
-
-
-_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # a rollback journal's first 8 bytes
-_COMPANIONS = ("-wal", "-shm", "-journal")           # SQLite's files next to the database
-
-
-def _hot_journal(path: Path) -> bool:
-    """Is a rollback journal pending for a non-empty database (SQLite plays it back at open)?"""
-    try:
-        if os.lstat(path).st_size == 0:
-            return False
-        fd = fsafe.open_regular(path.with_name(path.name + "-journal"), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        return os.pread(fd, 8, 0) == _JOURNAL_MAGIC
-    finally:
-        os.close(fd)
-
-
-def _roll_back(path: Path) -> None:
-    """Let SQLite play a hot journal back (the main file may be torn mid-transaction), so the
-    checks that follow see the database as of its last commit."""
-    try:
-        conn = sqlite3.connect(fsafe.sqlite_uri(path), uri=True, isolation_level=None, timeout=30)
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        error = IndexCorrupt if _is_corruption(exc) else StoreIOError
-        raise error(f"index {path}: rolling back its journal (a transaction a crash cut short) failed: "
-                    f"{exc}; keep a copy of the folder") from exc
-
-
 def _create(path: Path) -> None:
     """A new index, whole or never there: the schema and schema_version are built in a temporary
     file which is fsynced and renamed over `path` (fsafe.create_by_rename). The companions of the
     empty file it replaces go first: SQLite would apply a stale -wal or -journal to the new file."""
-    for suffix in _COMPANIONS:
+    for suffix in COMPANIONS:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path.with_name(path.name + suffix))
 
@@ -135,11 +67,11 @@ class Index:
         damaged = (f"the store's index {path} is damaged or missing while segment files exist, so its "
                    f"epochs cannot be found or trusted; nothing was changed. Keep a copy of the folder "
                    f"(or move it away to start a new store)")
-        for suffix in ("",) + _COMPANIONS:  # SQLite cannot take O_NOFOLLOW for these: look first
+        for suffix in ("",) + COMPANIONS:  # SQLite cannot take O_NOFOLLOW for these: look first
             fsafe.check_entry(path.with_name(path.name + suffix))
         fsafe.discard_temp(path)            # a creation a crash cut short: it never was the index
-        if _hot_journal(path):
-            _roll_back(path)                # the checks below see the last commit, as SQLite does
+        if hot_journal(path):
+            roll_back(path)                # the checks below see the last commit, as SQLite does
         fresh = not path.exists() or path.stat().st_size == 0
         if fresh and segments_exist:
             raise IndexCorrupt(damaged)
@@ -182,7 +114,7 @@ class Index:
             yield
         except sqlite3.Error as exc:
             # a constraint failing on our own writes, or text that is not UTF-8, is damage too
-            if _is_corruption(exc) or isinstance(exc, sqlite3.IntegrityError) or "decode" in str(exc):
+            if is_corruption(exc) or isinstance(exc, sqlite3.IntegrityError) or "decode" in str(exc):
                 raise IndexCorrupt(f"index {self.path} is damaged ({exc}) while {what}; "
                                    f"run `capsule verify` and keep a copy of the folder") from exc
             raise StoreIOError(f"index {self.path} failed while {what}: {exc}") from exc
@@ -225,24 +157,7 @@ class Index:
 
     def _create_schema(self) -> None:
         with self.transaction("creating the index"):
-            db = sqlite_utils.Database(self._conn, recursive_triggers=False, execute_plugins=False)
-            db["meta"].create({"key": str, "value": str}, pk="key", not_null={"value"}, if_not_exists=True)
-            db["segments"].create({"id": int, "committed_end": int, "state": str}, pk="id",
-                                  not_null={"committed_end", "state"}, if_not_exists=True)
-            db["epochs"].create({"id": int, "name": str, "created": float, "bytes_written": int,
-                                 "n_pages": int, "meta": str, "base": int, "man_segment": int,
-                                 "man_offset": int, "man_length": int}, pk="id",
-                                not_null={"created", "bytes_written", "n_pages", "meta", "base",
-                                          "man_segment", "man_offset", "man_length"}, if_not_exists=True)
-            db["epochs"].create_index(["name"], unique=True, if_not_exists=True)
-            db["epochs"].create_index(["man_segment", "man_offset"], if_not_exists=True)
-            db["pages"].create({"region": str, "idx": int, "epoch": int, "rec_epoch": int, "segment": int,
-                                "offset": int, "length": int, "superseded": int}, pk=("region", "idx", "epoch"),
-                               not_null={"region", "idx", "epoch", "rec_epoch"}, if_not_exists=True)
-            db["pages"].create_index(["epoch"], if_not_exists=True)
-            db["pages"].create_index(["superseded"], if_not_exists=True)
-            db["pages"].create_index(["segment", "offset"], if_not_exists=True)
-            factdb.create_schema(self._conn)
+            schema.create(self._conn)
 
     def get_meta(self) -> dict[str, str]:
         with self._guard("reading the store's metadata"):
