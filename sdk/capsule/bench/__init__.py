@@ -63,7 +63,7 @@ def _lazy(module: str) -> Suite:
 SUITES: Mapping[str, Suite] = MappingProxyType({
     "decode": _lazy("decode"), "capsules": _lazy("capsules"), "tokenize": _lazy("tokenize"),
     "tokenize-diff": _lazy("tokenize_diff"), "tokenize-bpe": _lazy("tokenize_bpe"),
-    "memory": _lazy("memory"), "control": _lazy("control")})
+    "memory": _lazy("memory"), "control": _lazy("control"), "reliability": _lazy("reliability")})
 
 
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:

@@ -1,0 +1,311 @@
+"""The reliability campaign's shared harness: a content model, a ledger of what was acknowledged,
+work folders and tallies. Torch-free (the SIGKILL children import it without capsule/__init__).
+
+Content model: every page, manifest and fact KV is a pure function of its ids, so a checker knows
+the exact bytes of every epoch's view without having seen the writer. Epoch e writes
+``pages_for(e)`` with the default base (e - 1); its full view is ``expected_view(e)``.
+
+Ledger: what a writer reported, one line per event, written (unbuffered) right after the call
+returned ("acknowledged") or right before it started ("attempted", where that widens what may
+legitimately be found afterwards):
+
+    E <id>          epoch <id> is durable (write_epoch / sync returned)
+    R <t>           retain(KEEP) is about to run: unnamed epochs <= t may go
+    F <id> <seq>    fact <id> (text/KV of sequence number seq, KV variant 1) is durable
+    k <id> <w>      set_fact_kv(<id>) to KV variant w is about to run;   K <id> <w>: it returned
+    f <id>          forget_fact(<id>) is about to run;                    G <id>: it returned
+    @ <op>          the writer starts <op> (where a kill landed: the last "@" before the end)
+    P <step> <hex>  (Session writers) the state digest of step <step> about to be checkpointed
+    A <epoch>       (Session writers) epoch is durable (checkpoint(wait=True) / flush returned)
+    W <mark> <s>    when the writer's Store.open started / ended (aims later kills; not a fact)
+
+The oracles that use them are in reliability_oracle.py. Public API only throughout.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+
+KEEP = 6                 # every workload retains with retain(KEEP)
+NAME_EVERY = 20          # epochs whose id is a multiple of this are named (never retained away)
+SEGMENT_BYTES = 8192     # small segments: rotation, sealed segments and compaction happen often
+KV_SLOTS, STATE_SLOTS, BIG_EVERY = 24, 5, 9
+SIGN_KEY = b"reliability-campaign-signing-key"
+FACT_PREFIX = "fact #"
+MAX_LIVE_FACTS = 24
+
+
+# -- content model ----------------------------------------------------------------------------------
+def page(e: int, region: str, i: int) -> bytes:
+    n = {"kv": 384 + (e * 37) % 640, "state": 96, "rng": 16, "big": 5000 + (e * 13) % 700}[region]
+    return hashlib.shake_128(f"{e}/{region}/{i}".encode()).digest(n)
+
+
+def pages_for(e: int) -> list[tuple[str, int, bytes]]:
+    out = [("kv", (e - 1) % KV_SLOTS, page(e, "kv", (e - 1) % KV_SLOTS)),
+           ("state", e % STATE_SLOTS, page(e, "state", e % STATE_SLOTS)), ("rng", 0, page(e, "rng", 0))]
+    if e % BIG_EVERY == 0:   # bigger than a segment's free room: forces a rotation
+        out.append(("big", 0, page(e, "big", 0)))
+    return out
+
+
+def writer_of(e: int, region: str, i: int) -> int | None:
+    """The epoch (<= e) that last wrote (region, i), or None if none did."""
+    if region == "kv":
+        x = e - ((e - 1 - i) % KV_SLOTS)
+    elif region == "state":
+        x = e - ((e - i) % STATE_SLOTS)
+    elif region == "rng":
+        x = e
+    else:
+        x = e - e % BIG_EVERY
+    return x if x >= 1 else None
+
+
+def view_keys(e: int) -> list[tuple[str, int, int]]:
+    """(region, index, writing epoch) of every page in epoch e's view."""
+    keys = [(r, i, writer_of(e, r, i)) for r, n in (("kv", KV_SLOTS), ("state", STATE_SLOTS), ("rng", 1),
+                                                   ("big", 1)) for i in range(n)]
+    return [(r, i, w) for r, i, w in keys if w is not None]
+
+
+def expected_view(e: int) -> dict[str, dict[int, bytes]]:
+    view: dict[str, dict[int, bytes]] = {}
+    for r, i, w in view_keys(e):
+        view.setdefault(r, {})[i] = page(w, r, i)
+    return view
+
+
+def manifest(e: int) -> bytes:
+    return json.dumps({"epoch": e, "note": "reliability"}).encode()
+
+
+def epoch_name(e: int) -> str | None:
+    return f"named-{e}" if e % NAME_EVERY == 0 else None
+
+
+def fact_text(seq: int) -> str:
+    return f"{FACT_PREFIX}{seq}: the part {seq} sits in bay {seq % 40}"
+
+
+def fact_seq(text: str) -> int | None:
+    if not text.startswith(FACT_PREFIX):
+        return None
+    head = text[len(FACT_PREFIX):].split(":", 1)[0]
+    return int(head) if head.isdigit() and fact_text(int(head)) == text else None
+
+
+def fact_kv(seq: int, variant: int) -> bytes:
+    return b"KV%08d/%04d:" % (seq, variant) + hashlib.shake_128(b"kv%d/%d" % (seq, variant)).digest(
+        200 + (seq * 7 + variant) % 300)
+
+
+def add_fact(st: Store, seq: int) -> int:
+    return st.add_fact(fact_text(seq), tags=["rel", f"s{seq % 7}"], n_tokens=1 + seq % 50, fingerprint="rel-fp",
+                       rope="rel-rope", kv=fact_kv(seq, 1))
+
+
+def set_fact_kv(st: Store, fid: int, seq: int, variant: int) -> None:
+    st.set_fact_kv(fid, n_tokens=1 + seq % 50, fingerprint="rel-fp", rope="rel-rope", kv=fact_kv(seq, variant))
+
+
+# -- the ledger -------------------------------------------------------------------------------------
+@dataclass
+class Ledger:
+    """What writers acknowledged (and attempted) on one store, over any number of writer lives."""
+    acked: set[int] = field(default_factory=set)
+    droppable: int = 0                                    # unnamed epochs <= this may be retained away
+    facts: dict[int, int] = field(default_factory=dict)   # acked fact id -> seq
+    kv_acked: dict[int, int] = field(default_factory=dict)
+    kv_tried: dict[int, int] = field(default_factory=dict)
+    forget_tried: set[int] = field(default_factory=set)
+    forgotten: set[int] = field(default_factory=set)
+    digests: dict[int, set[str]] = field(default_factory=dict)   # Session writers: step -> digests
+    last_op: str = ""
+    lines: int = 0
+
+    def feed(self, text: str) -> None:
+        for line in text.splitlines():
+            self.line(line)
+
+    def line(self, line: str) -> None:
+        parts = line.split()
+        if not parts:
+            return
+        self.lines += 1
+        tag, args = parts[0], parts[1:]
+        try:
+            nums = [int(a) for a in args] if tag != "@" and tag != "P" else []
+        except ValueError:
+            return  # a torn last line (the writer died mid-write): never acknowledged
+        if tag in ("E", "A") and nums:
+            self.acked.add(nums[0])
+        elif tag == "R" and nums:
+            self.droppable = max(self.droppable, nums[0])
+        elif tag == "F" and len(nums) == 2:
+            self.facts[nums[0]] = nums[1]
+        elif tag == "k" and len(nums) == 2:
+            self.kv_tried[nums[0]] = max(self.kv_tried.get(nums[0], 1), nums[1])
+        elif tag == "K" and len(nums) == 2:
+            self.kv_acked[nums[0]] = nums[1]
+        elif tag == "f" and nums:
+            self.forget_tried.add(nums[0])
+        elif tag == "G" and nums:
+            self.forgotten.add(nums[0])
+        elif tag == "P" and len(args) == 2 and args[0].isdigit():
+            self.digests.setdefault(int(args[0]), set()).add(args[1])
+        if tag == "@":
+            self.last_op = " ".join(args)
+        elif tag in "EAFKG":
+            self.last_op = f"idle (after {tag})"
+
+    @property
+    def newest(self) -> int:
+        return max(self.acked, default=0)
+
+    def must_have(self) -> set[int]:
+        """Acknowledged epochs that retention would keep."""
+        return {e for e in self.acked if epoch_name(e) is not None or e > self.droppable}
+
+    def live_facts(self) -> list[tuple[int, int, int]]:
+        """(id, seq, next KV variant) of acknowledged facts that no forget was tried on."""
+        return [(fid, seq, self.kv_tried.get(fid, 1) + 1) for fid, seq in sorted(self.facts.items())
+                if fid not in self.forget_tried]
+
+    def copy(self) -> "Ledger":
+        return Ledger(set(self.acked), self.droppable, dict(self.facts), dict(self.kv_acked),
+                      dict(self.kv_tried), set(self.forget_tried), set(self.forgotten),
+                      {k: set(v) for k, v in self.digests.items()}, self.last_op, self.lines)
+
+
+def span(ids: list[int]) -> str:
+    return "no epochs" if not ids else f"{len(ids)} epochs {ids[0]}..{ids[-1]}"
+
+
+# -- folders ----------------------------------------------------------------------------------------
+def seg_files(folder: Path) -> dict[str, bytes]:
+    seg = folder / "segments"
+    return {p.name: p.read_bytes() for p in sorted(seg.glob("*.seg"))} if seg.is_dir() else {}
+
+
+def kept_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under segments/ and quarantine/ (anywhere in the folder), path -> bytes."""
+    out = {}
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder)
+        if p.is_file() and (rel.parts[0] == "segments" or "quarantine" in rel.parts):
+            out[str(rel)] = p.read_bytes()
+    return out
+
+
+def lost_segment_bytes(before: dict[str, bytes], folder: Path, *, exact: bool) -> str:
+    """'' when every committed segment's bytes are still in the folder (in segments/ unchanged,
+    or grown by appends when not exact; or moved into a quarantine/ folder), else what is lost."""
+    now = kept_bytes(folder)
+    for name, data in before.items():
+        cur = now.get(f"segments/{name}")
+        if cur is not None and (cur == data if exact else cur.startswith(data)):
+            continue
+        if any(k != f"segments/{name}" and "quarantine" in k and v.startswith(data) for k, v in now.items()):
+            continue
+        what = "is gone" if cur is None else f"changed ({len(data)} -> {len(cur)} bytes)"
+        return f"segment {name} ({len(data)} committed bytes) {what}"
+    total_before = sum(map(len, before.values()))
+    total_now = sum(len(v) for k, v in now.items())
+    if total_now < total_before:
+        return f"segment bytes shrank: {total_before} committed, {total_now} kept"
+    return ""
+
+
+def fast_root() -> Path:
+    """Where trials that do not depend on the disk's own durability (damage, crash states, faults
+    injected through FileOps) run: /dev/shm when it is a roomy tmpfs (fsync costs nothing there;
+    a SIGKILL or a modeled crash behaves the same), else the temp folder."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and shutil.disk_usage(shm).free > 2 << 30 and os.access(shm, os.W_OK):
+            return shm
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
+def work_dir(name: str, *, prune_after_s: float = 6 * 3600) -> Path:
+    """A new, unique folder fast_root()/capsule-reliability/<name>-XXXX (runs may overlap: several
+    people run the tests at once). Folders left there by failed runs are pruned after a while."""
+    base = fast_root() / "capsule-reliability"
+    base.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in base.iterdir():
+        try:
+            if now - old.stat().st_mtime > prune_after_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix=re.sub(r"[^\w.-]+", "_", name)[-100:] + "-", dir=base))
+
+
+def copy_store(src: Path, dst: Path) -> None:
+    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("LOCK"))
+
+
+def describe(**kw: Any) -> str:
+    return json.dumps(kw, sort_keys=True, default=str)
+
+
+@dataclass
+class Tally:
+    """Counts and failures of one family of trials. failures: (cause, recipe) pairs."""
+    counts: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def fail(self, cause: str, recipe: str) -> None:
+        self.failures.append((cause, recipe))
+
+    def merge(self, other: "Tally") -> "Tally":
+        for k, v in other.counts.items():
+            self.add(k, v)
+        self.failures += other.failures
+        return self
+
+    def report(self, limit: int = 12) -> str:
+        """Failures grouped by cause, one recipe each (plus the count)."""
+        groups: dict[str, list[str]] = {}
+        for cause, recipe in self.failures:
+            groups.setdefault(cause, []).append(recipe)
+        lines = [f"{len(self.failures)} failing trials in {len(groups)} causes; counts {self.counts}"]
+        for cause, recipes in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:limit]:
+            lines.append(f"- [{len(recipes)}x] {cause}\n    recipe: {recipes[0]}")
+        return "\n".join(lines)
+
+
+def cause_of(problem: str) -> str:
+    """A problem message reduced to its cause, for grouping: paths and numbers dropped, and an
+    exception cut to its type."""
+    text = re.sub(r"/\S+", "PATH", problem)
+    m = re.search(r" raised (untyped )?(\w+)", text)
+    if m:
+        text = text[:m.end()]
+    text = re.sub(r"\d+", "N", text)
+    for cut in (" (report:", " (no report)", " (got ", "; skipped", " (store holds", ": ["):
+        if cut in text:
+            text = text[:text.index(cut)] + (" with no report" if cut == " (no report)" else
+                                             " with a report" if cut == " (report:" else "")
+    return text[:150]
+
+
