@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule.errors import CapsuleCorrupt, StoreError
+from capsule.errors import CapsuleCorrupt
 from capsule.store import FactCorrupt, Store
 from capsule.store import factdb, factrecord
 from capsule.store.errors import DamagedFactWarning, FactRowCorrupt
@@ -108,8 +108,10 @@ def test_structural_damage_stays_a_typed_error(tmp_path):
         "CREATE TABLE facts (id INTEGER PRIMARY KEY AUTOINCREMENT, text TEXT)")
     with Store.open(tmp_path / "s") as st:
         for call in (st.facts, st.fact_embeddings, lambda: st.fact_kv(1), st.damaged_facts):
-            with pytest.raises(StoreError, match="no such column"):
+            with pytest.raises(CapsuleCorrupt, match="no such column"):   # IndexCorrupt: typed
                 call()
+        assert "rebuilt" in st.repair()[0]                 # the rows come back from the fact records
+        assert [f.text for f in st.facts()] == [t for t, _ in FACTS] and st.fact_kv(1) == kv(0, 100)
 
 
 @pytest.mark.parametrize("key", [None, KEY])

@@ -113,8 +113,9 @@ class Index:
         try:
             yield
         except sqlite3.Error as exc:
-            # a constraint failing on our own writes, or text that is not UTF-8, is damage too
-            if is_corruption(exc) or isinstance(exc, sqlite3.IntegrityError) or "decode" in str(exc):
+            # a constraint failing on our own writes, text that is not UTF-8, or a table or column
+            # of our own schema gone missing is damage too
+            if is_corruption(exc) or isinstance(exc, sqlite3.IntegrityError) or _schema_damage(exc):
                 raise IndexCorrupt(f"index {self.path} is damaged ({exc}) while {what}; "
                                    f"run `capsule verify` and keep a copy of the folder") from exc
             raise StoreIOError(f"index {self.path} failed while {what}: {exc}") from exc
@@ -296,6 +297,11 @@ class Index:
     def integrity_problems(self) -> list[str]:
         rows = self._query("PRAGMA integrity_check")
         return [] if rows == [("ok",)] else [f"index: {r[0]}" for r in rows]
+
+
+def _schema_damage(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "decode" in text or "no such column" in text or "no such table" in text or "has no column" in text
 
 
 def _any_between(sorted_ids: list[int], lo: int, hi: int | None) -> bool:

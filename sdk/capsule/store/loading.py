@@ -21,7 +21,8 @@ from .errors import IndexCorrupt, IndexStale, PageCorrupt
 from .index import Index
 from .info import PageRef
 from .reader import read_manifest, read_pages
-from .records import RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer, decode_record, parse_header
+from .records import (RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, decode_record,
+                      parse_header)
 from .scan import open_segment
 from .segments import SegmentReader, segment_path
 
@@ -119,14 +120,22 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
 
 def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> bool:
     """Whether the index, not the log, is wrong about the record exc names: it points outside the
-    committed part of a live segment, or at an intact record of another identity."""
+    committed part of a live segment, past the end of an intact file, where no record starts, or
+    at an intact record of another identity. (A segment shorter than its committed end lost bytes:
+    the log is damaged, not the index.)"""
     end = index.segments("live").get(exc.segment)
     if end is None or not SEGMENT_HEADER.size <= exc.offset < end:
         return True
     try:
         fd = open_segment(segment_path(seg_dir, exc.segment))
         try:
-            head = parse_header(os.pread(fd, RECORD_HEADER.size, exc.offset))
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, RECORD_HEADER.size, exc.offset)
+            if size < end:
+                return False                      # the file lost committed bytes
+            if not raw.startswith(RECORD_MAGIC):
+                return True                       # no record starts where the row says
+            head = parse_header(raw)
             if exc.offset + head.total > end:
                 return False
             head, region, _ = decode_record(os.pread(fd, head.total, exc.offset), sealer)

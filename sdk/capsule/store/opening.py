@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import StoreError
-from . import rebuild, recovery
+from . import factdb, rebuild, recovery
 from .errors import IndexCorrupt, SigningKeyError
 from .index import Index
 from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, STORE_FORMAT_VERSION, RecordError, Sealer
@@ -40,7 +40,10 @@ class Opened:
 
 
 def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_rebuild: str | None = None,
-               progress: Callable[[int, int], None] | None = None) -> Opened:
+               progress: Callable[[int, int], None] | None = None, held: rebuild.Held | None = None) -> Opened:
+    """The opened index, checked against the log (rebuilt from it when needed). force_rebuild:
+    rebuild in any case, saying why; held: what the index being replaced listed (a rebuild that
+    would find none of it refuses instead of leaving an empty store)."""
     seg_dir = path / "segments"
     report: list[str] = []
     rebuild.discard_unfinished(path)   # a rebuild that crashed before its swap left its temporary index
@@ -67,12 +70,12 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
                     raise
                 why = f"the index is damaged: {exc}"
         if why is not None:
-            old = _salvage_meta(index)
+            old, held = _salvage_meta(index), held_by(index) or held
             if index is not None:
                 index.close()
                 index = None
             report += rebuild.rebuild_index(path, sealer, store_id=old.get("store_id"), created=old.get("created"),
-                                            why=why, progress=progress)
+                                            why=why, progress=progress, held=held)
             index = Index.open(path / "index.sqlite", create=False, segments_exist=True)
             meta = _check_meta(path, index, sealer)
             _, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=True)
@@ -90,7 +93,7 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
 
 
 def _salvage_meta(index: Index | None) -> dict[str, str]:
-    """What the old index still says of the store (its id, creation time), if anything."""
+    """What the old index still says of the store (its id, creation time), if anything: hints."""
     if index is None:
         return {}
     try:
@@ -98,6 +101,16 @@ def _salvage_meta(index: Index | None) -> dict[str, str]:
     except (IndexCorrupt, StoreError):
         return {}
     return {k: meta[k] for k in ("store_id", "created") if k in meta}
+
+
+def held_by(index: Index | None) -> rebuild.Held | None:
+    """How many epochs and facts a (possibly damaged) index lists, when it can still tell."""
+    if index is None:
+        return None
+    try:
+        return rebuild.Held(len(index.epoch_ids()), factdb.count(index))
+    except (IndexCorrupt, StoreError):
+        return None
 
 
 def _check_meta(path: Path, index: Index, sealer: Sealer) -> dict[str, str]:

@@ -50,10 +50,19 @@ class Found:
     stray: list[tuple[Scanned, str]] = field(default_factory=list)   # valid records it cannot place
 
 
+@dataclass(frozen=True)
+class Held:
+    """What the index being replaced listed (when it could still say)."""
+    epochs: int
+    facts: int
+
+
 def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: str | None, why: str,
-                  progress: Callable[[int, int], None] | None = None) -> list[str]:
+                  progress: Callable[[int, int], None] | None = None, held: Held | None = None) -> list[str]:
     """Replace path/index.sqlite by one built from path/segments; returns the report lines.
-    IndexCorrupt (nothing changed) when the log cannot stand in for the index."""
+    store_id / created: what the old index said (hints: the log's own envelopes decide). held:
+    what the old index listed. IndexCorrupt (nothing changed) when the log cannot stand in for
+    the index: nothing verifies, segment files are misnamed, or none of what it held is found."""
     seg_dir = path / "segments"
     files = sorted(list_segment_files(seg_dir))
     scans = []
@@ -62,11 +71,11 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
         if progress is not None:
             progress(n + 1, len(files))
     found = _sort_out(seg_dir, sealer, scans)
-    store_id = store_id or _store_id(found) or uuid.uuid4().hex
+    store_id = _store_id(seg_dir, sealer, found, store_id) or uuid.uuid4().hex
     report = [f"index rebuilt from the segment log ({why})"]
     epochs = _adoptable(found, store_id, report)
     facts = _fact_rows(seg_dir, sealer, found, store_id, report)
-    _refuse_if_unsafe(found, scans, epochs, facts, sealer)
+    _refuse_if_unsafe(found, scans, epochs, facts, sealer, held)
     if found.stray:
         report.append(quarantine.copy_records(path, [(r, why) for r, why in found.stray]))
     _sync_segments(seg_dir, scans)   # what the new index adopts must be durable before it commits
@@ -124,9 +133,22 @@ def _sort_out(seg_dir: Path, sealer: Sealer, scans: list[SegmentScan]) -> Found:
     return found
 
 
-def _store_id(found: Found) -> str | None:
+def _store_id(seg_dir: Path, sealer: Sealer, found: Found, hint: str | None) -> str | None:
+    """The store's id as its own records say: the old index's (the hint) when some epoch or fact
+    record names it (records transplanted from another store never outvote it), else the one most
+    records name (the hint may be damage)."""
     ids = Counter(env.store_id for cands in found.envelopes.values() for _, env in cands)
-    return ids.most_common(1)[0][0] if ids else None
+    if not ids:
+        for recs in found.facts.values():
+            try:
+                meta, _ = factrecord.decode(payload(seg_dir, max(recs, key=lambda r: r.epoch), sealer))
+            except RecordError:
+                continue
+            if meta is not None:
+                ids[meta.store_id] += 1
+    if hint is not None and hint in ids:
+        return hint
+    return ids.most_common(1)[0][0] if ids else hint
 
 
 def _adoptable(found: Found, store_id: str, report: list[str]) -> list[tuple[Scanned, Envelope]]:
@@ -189,8 +211,19 @@ def _fact_rows(seg_dir: Path, sealer: Sealer, found: Found, store_id: str,
     return out
 
 
-def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, facts: list, sealer: Sealer) -> None:
+def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, facts: list, sealer: Sealer,
+                      held_before: Held | None) -> None:
     """A rebuild must never stand in for an index it cannot replace (nothing is changed then)."""
+    misnamed = [s.segment for s in scans if s.header_error and "expected" in s.header_error]
+    if misnamed:
+        raise IndexCorrupt(f"segment files {_ids(misnamed)} hold other segments than their names say (renamed "
+                           f"or copied files?): give each file back the name its header carries and open again. "
+                           f"Nothing was changed")
+    if held_before is not None and ((held_before.epochs and not epochs) or (held_before.facts and not facts)):
+        raise IndexCorrupt(f"the index lists {held_before.epochs} epochs and {held_before.facts} facts, and the "
+                           f"segment log holds none of {'them' if not epochs and not facts else 'one kind'}: "
+                           f"segment files are missing or damaged. Nothing was changed; keep a copy of the "
+                           f"folder and run `capsule verify`")
     held = sum(max(0, s.size - s.start) for s in scans)
     valid = sum(len(s.records) for s in scans)
     if held and not valid:

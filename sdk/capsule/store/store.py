@@ -28,7 +28,7 @@ from .facts import FactsMixin
 from .index import Index
 from .info import EpochInfo, VerifyReport
 from .loading import Pages
-from .opening import Opened, open_index
+from .opening import Opened, held_by, open_index
 from .records import Sealer
 from .segments import FileOps, SegmentReader, list_segment_files
 
@@ -167,10 +167,11 @@ class Store(FactsMixin):
         with self._wlock, self._lock:
             self._check_open()
             self.discard_staged()   # never synced, never acknowledged: cut, not adopted
+            held = held_by(self._index)
             self._index.close()
             try:
                 opened = open_index(self.path, self._sealer, self._fs, create=False, force_rebuild=why,
-                                    progress=progress)
+                                    progress=progress, held=held)
             except BaseException:
                 self._index = Index.open(self.path / "index.sqlite", create=False, segments_exist=True)
                 self._commit.attach_index(self._index)
