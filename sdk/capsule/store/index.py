@@ -218,18 +218,13 @@ class Index:
     def commit(self, staged: list[StagedEpoch], ends: dict[int, int], head: Head | None = None) -> None:
         """THE commit point: every staged epoch's rows and the segments' new ends, atomically."""
         with self.transaction("committing epochs") as c:
-            for st in staged:
-                e, m = st.info, st.manifest
-                c.execute(f"INSERT INTO epochs({_EPOCH_COLS}, man_segment, man_offset, man_length) "
-                          "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                          (e.id, e.name, e.created, e.bytes_written, e.n_pages, json.dumps(e.meta), e.base,
-                           m.segment, m.offset, m.length))
-                c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? "
-                              "AND superseded IS NULL", [(e.id, r.region, r.index) for r in st.rows])
-                c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
-                              [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length)
-                               for r in st.rows])
+            insert_epochs(c, staged)
             self._set_ends(c, ends, head)
+
+    @staticmethod
+    def set_ends(c: sqlite3.Connection, ends: dict[int, int], head: Head | None = None) -> None:
+        """Inside a transaction: the segments' new committed ends and the log's new head."""
+        Index._set_ends(c, ends, head)
 
     @staticmethod
     def _set_ends(c: sqlite3.Connection, ends: dict[int, int], head: Head | None = None) -> None:
@@ -297,6 +292,20 @@ class Index:
     def integrity_problems(self) -> list[str]:
         rows = self._query("PRAGMA integrity_check")
         return [] if rows == [("ok",)] else [f"index: {r[0]}" for r in rows]
+
+
+def insert_epochs(c: sqlite3.Connection, staged: list[StagedEpoch]) -> None:
+    """Inside a transaction: the epoch rows and page rows of staged epochs, oldest first."""
+    for st in staged:
+        e, m = st.info, st.manifest
+        c.execute(f"INSERT INTO epochs({_EPOCH_COLS}, man_segment, man_offset, man_length) "
+                  "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                  (e.id, e.name, e.created, e.bytes_written, e.n_pages, json.dumps(e.meta), e.base,
+                   m.segment, m.offset, m.length))
+        c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? "
+                      "AND superseded IS NULL", [(e.id, r.region, r.index) for r in st.rows])
+        c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
+                      [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length) for r in st.rows])
 
 
 def _schema_damage(exc: sqlite3.Error) -> bool:

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from . import quarantine
+from .adopt import adopt_tail
 from .index import Index
 from .records import (KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE, RECORD_HEADER,
                       SEGMENT_HEADER, STORE_FORMAT_VERSION, RecordError, Sealer, decode_record, parse_header)
@@ -59,11 +60,12 @@ def check_index(index: Index, seg_dir: Path, sealer: Sealer) -> str | None:
     return None
 
 
-def settle_tail(path: Path, index: Index, sealer: Sealer, fs: FileOps, *,
-                after_rebuild: bool) -> tuple[str | None, list[str]]:
+def settle_tail(path: Path, index: Index, sealer: Sealer, fs: FileOps, *, after_rebuild: bool,
+                adopted: bool = False) -> tuple[str | None, list[str]]:
     """(why the index must be rebuilt, or None; report lines). Cuts what is provably uncommitted,
-    quarantines what is unexplained; changes nothing when commits were lost (unless the index was
-    just rebuilt: then what it could not adopt is quarantined)."""
+    quarantines what is unexplained. Commits the index lacks are first adopted from the tail
+    (adopt.py); when that is not possible, nothing is changed and the index must be rebuilt
+    (unless it was just rebuilt: then what it could not adopt is quarantined)."""
     seg_dir = path / "segments"
     live = index.segments("live")
     top = max(live, default=0)
@@ -76,6 +78,11 @@ def settle_tail(path: Path, index: Index, sealer: Sealer, fs: FileOps, *,
     verdicts = [_classify(index, seg_dir, sealer, scan, latest) for scan, _ in tails]
     lost = [scan for (scan, _), (v, _) in zip(tails, verdicts) if v == LOST]
     if lost and not after_rebuild:
+        if not adopted:
+            lines = adopt_tail(seg_dir, index, sealer, index.get_meta()["store_id"], [scan for scan, _ in tails])
+            if lines is not None:
+                why, more = settle_tail(path, index, sealer, fs, after_rebuild=False, adopted=True)
+                return why, lines + more
         return (f"segment {lost[0].segment:06d} holds records the index lacks, written completely before "
                 f"the last stop (an interrupted commit, or a damaged index): "
                 f"{next(why for v, why in verdicts if v == LOST)}"), []
