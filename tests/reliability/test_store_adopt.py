@@ -73,3 +73,13 @@ def test_an_uncommitted_fact_and_forget_are_adopted(tmp_path):
         assert "adopted" in st.recovery_report[0] and [f.id for f in st.facts()] == [second]
         st.repair()                                                     # and a rebuild agrees
         assert [f.id for f in st.facts()] == [second] and st.fact_kv(second) == b"kv-two"
+
+
+def test_after_compaction_the_index_still_names_the_log_head(tmp_path):
+    with Store.open(tmp_path / "s", segment_bytes=4096) as st:
+        for e in range(1, 25):
+            st.write_epoch(pages_for(e), b"{}")
+        st.retain(3)
+        assert st.compact() > 0
+    with Store.open(tmp_path / "s") as st:   # a clean open: no rebuild, nothing adopted
+        assert st.recovery_report == [] and _page_map(st.load_newest_valid()[2]) == view(24)

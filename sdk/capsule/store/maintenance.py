@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import factdb, factrows
 from .index import Index
-from .info import PageRef, VerifyReport
+from .info import Head, PageRef, VerifyReport
 from .errors import IndexStale, PageCorrupt
 from .reader import check_record, check_ref, check_view, read_manifest
 from .records import (KIND_EPOCH, KIND_MANIFEST, RECORD_HEADER, SEGMENT_HEADER, RecordError, Sealer,
@@ -67,6 +67,7 @@ def compact(index: Index, writer: SegmentWriter, fs: FileOps, folder: Path, seal
         return 0
     moves: dict[tuple[int, int], tuple[int, int]] = {}
     done, copied = [], 0
+    head: Head | None = None
     with SegmentReader(folder, sealer.signed) as segs:
         for seg in victims:
             with lock:
@@ -78,13 +79,14 @@ def compact(index: Index, writer: SegmentWriter, fs: FileOps, folder: Path, seal
             except RecordError:
                 continue  # damaged: left in place for `verify` to report
             for off, blob in blobs:
-                moves[(seg, off)] = writer.append((blob,), len(blob))
+                moves[(seg, off)] = at = writer.append((blob,), len(blob))
+                head = Head(at[0], at[1], len(blob), blob[len(blob) - sealer.tag_bytes:])  # the log's new end
                 copied += len(blob)
             done.append(seg)
     sizes = {s: segment_path(folder, s).stat().st_size for s in done}  # read above: they exist
     ends = writer.sync()
     with lock:
-        index.repoint(moves, ends, done)  # the commit point of compaction
+        index.repoint(moves, ends, done, head)  # the commit point of compaction
         writer.committed()
         delete_dead_segments(index, fs, folder)
     return max(0, sum(sizes.values()) - copied)
