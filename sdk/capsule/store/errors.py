@@ -53,6 +53,7 @@ class PageCorrupt(CapsuleCorrupt):
         self.epoch, self.region, self.index = epoch, region, index
         self.segment, self.offset, self.reason = segment, offset, reason
         self.loading = epoch if loading is None else loading
+        self.length: int | None = None   # the record length the index row claims, when known
         super().__init__(f"{self.summary}. Older epochs that do not use this record may still load "
                          f"(Store.load_newest_valid); `capsule verify` lists all damage")
 

@@ -136,6 +136,8 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
             if not raw.startswith(RECORD_MAGIC):
                 return True                       # no record starts where the row says
             head = parse_header(raw)
+            if exc.length is not None and exc.length != head.total:
+                return True                       # a record starts there, of another length than the row's
             if exc.offset + head.total > end:
                 return False
             head, region, _ = decode_record(os.pread(fd, head.total, exc.offset), sealer)

@@ -57,8 +57,10 @@ def _check(buf: Buffer, ref: PageRef, sealer: Sealer) -> tuple[memoryview, int]:
 
 
 def corrupt(ref: PageRef, reason: str, loading: int) -> PageCorrupt:
-    return PageCorrupt(ref.rec_epoch, ref.region, ref.index, ref.segment if ref.segment is not None else -1,
-                       ref.offset if ref.offset is not None else -1, reason, loading=loading)
+    exc = PageCorrupt(ref.rec_epoch, ref.region, ref.index, ref.segment if ref.segment is not None else -1,
+                      ref.offset if ref.offset is not None else -1, reason, loading=loading)
+    exc.length = ref.length   # what the row claims (loading.misplaced compares it with the record)
+    return exc
 
 
 def read_manifest(segs: SegmentReader, sealer: Sealer, manifest: PageRef, loading: int,
