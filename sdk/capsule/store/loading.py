@@ -88,6 +88,10 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
         try:
             man, pages = load(index, segs, sealer, ident, manifest, epoch, max_page_bytes, accept, bad)
         except _KnownBad:
+            in_a_row += 1
+            if suspect and in_a_row >= SUSPECT_AFTER:
+                raise IndexStale(f"epoch {epoch} and the {in_a_row - 1} epochs after it cannot be read; the "
+                                 f"index, not the log, looks wrong") from None
             skipped.append(f"epoch {epoch}: uses a record already found corrupt")
             continue
         except PageCorrupt as exc:
@@ -126,6 +130,8 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
     end = index.segments("live").get(exc.segment)
     if end is None or not SEGMENT_HEADER.size <= exc.offset < end:
         return True
+    if not os.path.lexists(segment_path(seg_dir, exc.segment)):
+        return True    # a live segment the index lists is gone: deleted by a compaction the index lost?
     try:
         fd = open_segment(segment_path(seg_dir, exc.segment))
         try:

@@ -59,8 +59,8 @@ def open_index(path: Path, sealer: Sealer, fs: FileOps, *, create: bool, force_r
             why = f"the index is damaged: {exc}"
     try:
         if index is not None:
-            meta = _check_meta(path, index, sealer)
             try:
+                meta = _check_meta(path, index, sealer)
                 why = recovery.check_index(index, seg_dir, sealer)
                 if why is None:
                     why, lines = recovery.settle_tail(path, index, sealer, fs, after_rebuild=False)

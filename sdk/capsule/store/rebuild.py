@@ -87,8 +87,11 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     finally:
         index.close()
     quarantine.swap_index(path, tmp)
-    held = f" ({_ids([e.epoch for _, e in epochs])})" if epochs else ""
-    report.append(f"{len(epochs)} epochs{held} and {len(facts)} facts recovered")
+    held_ids = f" ({_ids([e.epoch for _, e in epochs])})" if epochs else ""
+    report.append(f"{len(epochs)} epochs{held_ids} and {len(facts)} facts recovered")
+    if held is not None and (len(epochs) < held.epochs or len(facts) < held.facts):
+        report.append(f"the replaced index listed {held.epochs} epochs and {held.facts} facts: the rest are "
+                      f"missing from the log or damaged there")
     return report
 
 
@@ -219,10 +222,13 @@ def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, fact
         raise IndexCorrupt(f"segment files {_ids(misnamed)} hold other segments than their names say (renamed "
                            f"or copied files?): give each file back the name its header carries and open again. "
                            f"Nothing was changed")
-    if held_before is not None and ((held_before.epochs and not epochs) or (held_before.facts and not facts)):
+    # an index without epochs in place of one with epochs would restore nothing, silently; facts
+    # the log lacks are reported instead (the old rows point at damaged records anyway)
+    if held_before is not None and ((held_before.epochs and not epochs) or (held_before.facts and not facts
+                                                                             and not epochs)):
         raise IndexCorrupt(f"the index lists {held_before.epochs} epochs and {held_before.facts} facts, and the "
-                           f"segment log holds none of {'them' if not epochs and not facts else 'one kind'}: "
-                           f"segment files are missing or damaged. Nothing was changed; keep a copy of the "
+                           f"segment log holds none of its {'epochs' if epochs == [] and held_before.epochs else 'facts'}"
+                           f": segment files are missing or damaged. Nothing was changed; keep a copy of the "
                            f"folder and run `capsule verify`")
     held = sum(max(0, s.size - s.start) for s in scans)
     valid = sum(len(s.records) for s in scans)

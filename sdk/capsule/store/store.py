@@ -184,11 +184,18 @@ class Store(FactsMixin):
             return list(opened.report)
 
     def _repair_once(self, exc: IndexCorrupt, repaired: list[bool]) -> None:
-        """A read found the index wrong: rebuild it, once per call (the second time, raise)."""
+        """A read found the index wrong: rebuild it, once per call (the second time, raise). A
+        rebuild that refuses (the log cannot stand in for the index) leaves the index as it was:
+        the read is done again without suspecting it, and falls back or fails as damage."""
         if repaired:
             raise exc
         repaired.append(True)
-        self.repair(str(exc))
+        try:
+            self.repair(str(exc))
+        except IndexCorrupt as refused:
+            if not isinstance(exc, IndexStale):
+                raise exc from refused       # the index itself cannot be read: nothing to fall back on
+            self.recovery_report.append(f"the index could not be rebuilt from the log ({refused})")
 
     # -- read ---------------------------------------------------------------------------------
     def epochs(self) -> list[EpochInfo]:
