@@ -161,7 +161,8 @@ class Checkpointer:
                     raise CapsuleCorrupt(refused[epoch])
                 parsed[epoch] = self._accept(epoch, data, mismatched)
             try:
-                found = self.store.load_newest_valid(accept, max_page_bytes=self.snap.max_page_bytes())
+                found = self.store.load_newest_valid(accept, max_page_bytes=self.snap.max_page_bytes(),
+                                                     max_manifest_bytes=self.limits.max_manifest_bytes)
             except CapsuleMismatch as exc:
                 raise self._no_match(mismatched, len(refused)) from exc
             if found is None:
@@ -185,7 +186,8 @@ class Checkpointer:
         """That epoch, or an error (CapsuleCorrupt, CapsuleMismatch) with nothing changed."""
         self.flush()
         epoch = self.store.resolve(epoch_or_name)
-        data, pages = self.store.load_epoch(epoch, max_page_bytes=self.snap.max_page_bytes())
+        data, pages = self.store.load_epoch(epoch, max_page_bytes=self.snap.max_page_bytes(),
+                                            max_manifest_bytes=self.limits.max_manifest_bytes)
         manifest = parse(epoch, data, self.limits)
         try:
             self.binding.check_matches(manifest.binding)

@@ -21,8 +21,7 @@ from .errors import IndexCorrupt, IndexStale, PageCorrupt
 from .index import Index
 from .info import PageRef
 from .reader import read_manifest, read_pages
-from .records import (RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, decode_record,
-                      parse_header)
+from .records import RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, parse_header
 from .scan import open_segment
 from .segments import SegmentReader, segment_path
 
@@ -47,9 +46,10 @@ class Ident:
 
 
 def load(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, manifest: PageRef, epoch: int,
-         max_page_bytes: int | None, accept: Accept | None = None,
-         bad: set | None = None) -> tuple[bytes, Pages]:
+         max_page_bytes: int | None, accept: Accept | None = None, bad: set | None = None,
+         max_manifest_bytes: int | None = None) -> tuple[bytes, Pages]:
     """One epoch: its manifest (envelope checked against this store), accept, then its view."""
+    _bound_manifest(manifest, epoch, max_manifest_bytes)
     man = read_manifest(segs, sealer, manifest, epoch, ident.store_id, ident.legacy_until)
     if accept is not None:
         accept(epoch, man.app)
@@ -63,14 +63,19 @@ def load(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, manife
 def manifest(segs: SegmentReader, sealer: Sealer, ident: Ident, ref: PageRef, epoch: int,
              max_bytes: int | None) -> bytes:
     """The caller's manifest bytes of one epoch (PageCorrupt if its record is bad or too big)."""
-    if max_bytes is not None and ref.length is not None and ref.length > max_bytes + MAX_ENVELOPE_OVERHEAD:
-        raise PageCorrupt(epoch, None, None, ref.segment or -1, ref.offset or -1,
-                          f"manifest record of {ref.length} bytes; at most {max_bytes} are read", loading=epoch)
+    _bound_manifest(ref, epoch, max_bytes)
     return read_manifest(segs, sealer, ref, epoch, ident.store_id, ident.legacy_until).app
 
 
+def _bound_manifest(ref: PageRef, epoch: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and ref.length is not None and ref.length > max_bytes + MAX_ENVELOPE_OVERHEAD:
+        raise PageCorrupt(epoch, None, None, ref.segment or -1, ref.offset or -1,
+                          f"manifest record of {ref.length} bytes; at most {max_bytes} are read", loading=epoch)
+
+
 def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, accept: Accept | None,
-                 max_page_bytes: int | None, suspect: bool) -> tuple[int, bytes, Pages, list[str]] | None:
+                 max_page_bytes: int | None, suspect: bool, max_manifest_bytes: int | None = None
+                 ) -> tuple[int, bytes, Pages, list[str]] | None:
     """See Store.load_newest_valid. suspect: a failure the index may be at fault for raises
     IndexStale (the caller rebuilds and calls again with suspect=False)."""
     ids = index.epoch_ids()
@@ -86,7 +91,8 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
             skipped.append(f"epoch {epoch}: uses a record already found corrupt")
             continue
         try:
-            man, pages = load(index, segs, sealer, ident, manifest, epoch, max_page_bytes, accept, bad)
+            man, pages = load(index, segs, sealer, ident, manifest, epoch, max_page_bytes, accept, bad,
+                              max_manifest_bytes)
         except _KnownBad:
             in_a_row += 1
             if suspect and in_a_row >= SUSPECT_AFTER:
@@ -125,7 +131,7 @@ def newest_valid(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident
 def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> bool:
     """Whether the index, not the log, is wrong about the record exc names: it points outside the
     committed part of a live segment, past the end of an intact file, where no record starts, or
-    at an intact record of another identity. (A segment shorter than its committed end lost bytes:
+    at a record of another identity or length (its header says). (A segment shorter than its committed end lost bytes:
     the log is damaged, not the index.)"""
     end = index.segments("live").get(exc.segment)
     if end is None or not SEGMENT_HEADER.size <= exc.offset < end:
@@ -146,10 +152,13 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
                 return True                       # a record starts there, of another length than the row's
             if exc.offset + head.total > end:
                 return False
-            head, region, _ = decode_record(os.pread(fd, head.total, exc.offset), sealer)
+            # header and name only: the record may be huge (refused for its size), never read it whole
+            name = os.pread(fd, head.name_len, exc.offset + RECORD_HEADER.size)
+            region = name.decode("utf-8")
         finally:
             os.close(fd)
-    except (OSError, RecordError):
+    except (OSError, RecordError, UnicodeDecodeError):
         return False    # damaged bytes at a record the index may well be right about
-    # the very record the row names, refused for itself (too big for the caller, say): not misplaced
+    # the very record the row names (damaged, or refused for itself, too big for the caller say):
+    # the row is right
     return (head.epoch, region, head.index) != (exc.epoch, exc.region or "", exc.index or 0)

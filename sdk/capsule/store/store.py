@@ -258,11 +258,13 @@ class Store(FactsMixin):
         names = [repr(e.name) for e in infos if e.name][:5]
         return f"it holds epochs {shown}" + (f" (named: {', '.join(names)})" if names else "")
 
-    def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None) -> tuple[bytes, Pages]:
+    def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None,
+                   max_manifest_bytes: int | None = None) -> tuple[bytes, Pages]:
         """(manifest, {region: {index: page}}): the epoch's full view, every record verified
         (and, for an epoch with an envelope, exactly the records it lists: an index that says
         otherwise is rebuilt from the log first). max_page_bytes: refuse (PageCorrupt) a page
-        whose record claims a bigger payload, before anything is read or allocated for it."""
+        whose record claims a bigger payload, before anything is read or allocated for it;
+        max_manifest_bytes likewise for the caller's manifest."""
         repaired: list[bool] = []
         while True:
             try:
@@ -274,7 +276,7 @@ class Store(FactsMixin):
                     with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
                         try:
                             return loading.load(self._index, segs, self._sealer, self._ident(), manifest, epoch,
-                                                max_page_bytes)
+                                                max_page_bytes, max_manifest_bytes=max_manifest_bytes)
                         except PageCorrupt as exc:
                             if repaired or not loading.misplaced(self._index, self._seg_dir, self._sealer, exc):
                                 raise
@@ -294,7 +296,8 @@ class Store(FactsMixin):
         return self._reading(read)
 
     def load_newest_valid(self, accept: Callable[[int, bytes], None] | None = None, *,
-                          max_page_bytes: int | None = None) -> tuple[int, bytes, Pages, list[str]] | None:
+                          max_page_bytes: int | None = None, max_manifest_bytes: int | None = None
+                          ) -> tuple[int, bytes, Pages, list[str]] | None:
         """Newest epoch whose every record verifies: (epoch, manifest, pages, skipped reports).
         None when the store holds no epoch; CapsuleCorrupt when it holds some and none is valid.
         (What recovery did at open, such as a rebuilt index, is in recovery_report.)
@@ -302,7 +305,8 @@ class Store(FactsMixin):
         accept(epoch, manifest): called before an epoch's pages are read; raising a CapsuleError
         (CapsuleCorrupt: the manifest is unreadable; CapsuleMismatch: it belongs to another
         model) skips the epoch, reported like a damaged one. When no epoch is valid and some
-        were refused with CapsuleMismatch, the newest such CapsuleMismatch is raised."""
+        were refused with CapsuleMismatch, the newest such CapsuleMismatch is raised.
+        max_page_bytes / max_manifest_bytes: records claiming more are refused unread (skipped)."""
         repaired: list[bool] = []
         while True:
             try:
@@ -310,7 +314,8 @@ class Store(FactsMixin):
                     self._check_open()
                     with SegmentReader(self._seg_dir, self._sealer.signed) as segs:
                         return loading.newest_valid(self._index, segs, self._sealer, self._ident(), accept,
-                                                    max_page_bytes, suspect=not repaired)
+                                                    max_page_bytes, suspect=not repaired,
+                                                    max_manifest_bytes=max_manifest_bytes)
             except IndexCorrupt as exc:
                 self._repair_once(exc, repaired)
 
