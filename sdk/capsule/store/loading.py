@@ -21,7 +21,7 @@ from .errors import IndexCorrupt, IndexStale, PageCorrupt
 from .index import Index
 from .info import PageRef
 from .reader import read_manifest, read_pages
-from .records import RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, parse_header
+from .records import RECORD_HEADER, RECORD_MAGIC, SEGMENT_HEADER, RecordError, Sealer, decode_record, parse_header
 from .scan import open_segment
 from .segments import SegmentReader, segment_path
 
@@ -31,6 +31,7 @@ SUSPECT_AFTER = 8   # consecutive damaged epochs before the index is suspected i
 # what an envelope adds to the caller's manifest: record header, head JSON, the listing (a
 # generous bound: 16 MiB of head + listing, far above what any session writes)
 MAX_ENVELOPE_OVERHEAD = 16 << 20
+_VERIFY_BYTES = 16 << 20   # misplaced() checks records up to this size whole
 
 
 class _KnownBad(Exception):
@@ -152,9 +153,10 @@ def misplaced(index: Index, seg_dir: Path, sealer: Sealer, exc: PageCorrupt) -> 
                 return True                       # a record starts there, of another length than the row's
             if exc.offset + head.total > end:
                 return False
-            # header and name only: the record may be huge (refused for its size), never read it whole
-            name = os.pread(fd, head.name_len, exc.offset + RECORD_HEADER.size)
-            region = name.decode("utf-8")
+            if head.total <= _VERIFY_BYTES:       # damaged bytes (a checksum that fails) are the log's fault
+                head, region, _ = decode_record(os.pread(fd, head.total, exc.offset), sealer)
+            else:   # header and name only: a huge record (refused for its size) is never read whole
+                region = os.pread(fd, head.name_len, exc.offset + RECORD_HEADER.size).decode("utf-8")
         finally:
             os.close(fd)
     except (OSError, RecordError, UnicodeDecodeError):
