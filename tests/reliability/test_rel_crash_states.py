@@ -9,23 +9,7 @@ oracle against what was acknowledged at that moment. States of the first open ar
 """
 from __future__ import annotations
 
-import shutil
-
-import pytest
-
 from capsule.bench import reliability_crash as C
-from capsule.bench import reliability_harness as H
-
-
-@pytest.fixture
-def work(request):
-    """A fresh folder on a tmpfs when there is one (fsync is free there; these trials do not depend
-    on the disk's own durability), kept after a failure for a post-mortem."""
-    path = H.work_dir(request.node.nodeid)
-    failed = request.session.testsfailed
-    yield path
-    if request.session.testsfailed == failed:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_every_crash_state_of_a_small_workload_recovers(work):

@@ -8,23 +8,10 @@ the fault is gone the same Store object writes again; a reopen passes the kill o
 from __future__ import annotations
 
 import errno
-import shutil
 
 import pytest
 
 from capsule.bench import reliability_faults as F
-from capsule.bench import reliability_harness as H
-
-
-@pytest.fixture
-def work(request):
-    """A fresh folder on a tmpfs when there is one (fsync is free there; these trials do not depend
-    on the disk's own durability), kept after a failure for a post-mortem."""
-    path = H.work_dir(request.node.nodeid)
-    failed = request.session.testsfailed
-    yield path
-    if request.session.testsfailed == failed:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_enospc_and_eio_at_every_call_index(work):

@@ -20,17 +20,6 @@ from capsule.bench import reliability_damage as D
 from capsule.bench import reliability_harness as H
 
 
-@pytest.fixture
-def work(request):
-    """A fresh folder on a tmpfs when there is one (fsync is free there; these trials do not depend
-    on the disk's own durability), kept after a failure for a post-mortem."""
-    path = H.work_dir(request.node.nodeid)
-    failed = request.session.testsfailed
-    yield path
-    if request.session.testsfailed == failed:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def test_random_index_damage_restores_the_newest_epoch_or_refuses_typed(work):
     tally = D.run_damage(work, "index", 160, seed=0)
     assert tally.counts["index damages"] == 160

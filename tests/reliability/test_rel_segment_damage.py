@@ -22,17 +22,6 @@ from capsule.bench.reliability_hostile import record_headers
 from capsule.bench.reliability_session import run_session_damage
 
 
-@pytest.fixture
-def work(request):
-    """A fresh folder on a tmpfs when there is one (fsync is free there; these trials do not depend
-    on the disk's own durability), kept after a failure for a post-mortem."""
-    path = H.work_dir(request.node.nodeid)
-    failed = request.session.testsfailed
-    yield path
-    if request.session.testsfailed == failed:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def test_random_segment_damage_is_never_silent(work):
     tally = D.run_damage(work, "segments", 160, seed=0)
     assert tally.counts["segments damages"] == 160

@@ -17,6 +17,8 @@ import pytest
 from capsule.errors import CapsuleError
 from capsule.store import Store
 
+from test_store_facts import sql
+
 KEY_A, KEY_B = b"a" * 32, b"b" * 32
 N = 12
 
@@ -59,14 +61,6 @@ def check_exact(path: Path, key: bytes | None = None, newest: int = N) -> Store:
     assert (epoch, manifest) == (newest, b'{"epoch": %d}' % newest)
     assert {r: {i: bytes(b) for i, b in p.items()} for r, p in pages.items()} == view(newest)
     return st
-
-
-def sql(path: Path, *statements: str) -> None:
-    con = sqlite3.connect(path / "index.sqlite")
-    for s in statements:
-        con.execute(s)
-    con.commit()
-    con.close()
 
 
 def wal_frames(wal: Path) -> list[int]:

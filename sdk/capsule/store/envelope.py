@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import safejson
-from .records import MAX_EPOCH, MAX_NAME_BYTES, MAX_PAGE_INDEX, Buffer, RecordError
+from .records import JSON_HEAD, MAX_EPOCH, MAX_NAME_BYTES, MAX_PAGE_INDEX, Buffer, RecordError, read_json_head
 
 MAGIC = b"CPEPOCH\x01"
-_HEAD = struct.Struct("<8sI")
+_HEAD = JSON_HEAD
 MAX_HEAD_BYTES = 16 << 20
 # (region, index) -> (epoch of the record, its tag), held per region: a delta touches few regions
 Listing = dict[str, dict[int, tuple[int, bytes]]]
@@ -92,16 +92,8 @@ def decode(payload: Buffer, tag_bytes: int) -> Envelope:
     view = memoryview(payload).cast("B")
     if not is_envelope(view):
         raise RecordError("epoch record does not start with the envelope magic")
-    _, head_len = _HEAD.unpack_from(view)
-    if head_len > min(MAX_HEAD_BYTES, len(view) - _HEAD.size):
-        raise RecordError(f"envelope head claims {head_len} bytes; the record holds {len(view)}")
-    try:
-        head = safejson.loads(view[_HEAD.size:_HEAD.size + head_len], what="envelope head",
-                              max_bytes=MAX_HEAD_BYTES, max_depth=8)
-    except ValueError as exc:
-        raise RecordError(str(exc)) from None
+    head, pos = read_json_head(view, "envelope head", MAX_HEAD_BYTES, 8)
     fields = _head_fields(head)
-    pos = _HEAD.size + head_len
     listing: Listing = {}
     width = 16 + tag_bytes
     for region, count in fields["regions"]:

@@ -15,10 +15,10 @@ import struct
 from dataclasses import dataclass
 
 from .. import safejson
-from .records import MAX_PAYLOAD_BYTES, Buffer, RecordError
+from .records import JSON_HEAD, MAX_PAYLOAD_BYTES, Buffer, RecordError, read_json_head
 
 MAGIC = b"CPFACT\x02\x00"
-_HEAD = struct.Struct("<8sI")
+_HEAD = JSON_HEAD
 MAX_HEAD_BYTES = 1 << 20          # text <= 64 KiB, 64 tags <= 256 B, labels <= 1 KiB: far below
 # the older binding: magic, sha256 of the fact's text (UTF-8)
 TEXT_BINDING = struct.Struct("<8s32s")
@@ -51,15 +51,8 @@ def decode(payload: Buffer) -> tuple[FactMeta | None, memoryview]:
     current form is malformed)."""
     view = memoryview(payload).cast("B")
     if len(view) >= _HEAD.size and bytes(view[:8]) == MAGIC:
-        _, n = _HEAD.unpack_from(view)
-        if n > min(MAX_HEAD_BYTES, len(view) - _HEAD.size):
-            raise RecordError(f"fact record head claims {n} bytes; the record holds {len(view)}")
-        try:
-            head = safejson.loads(view[_HEAD.size:_HEAD.size + n], what="fact record head",
-                                  max_bytes=MAX_HEAD_BYTES, max_depth=3)
-        except ValueError as exc:
-            raise RecordError(str(exc)) from None
-        return _meta(head), view[_HEAD.size + n:]
+        head, pos = read_json_head(view, "fact record head", MAX_HEAD_BYTES, 3)
+        return _meta(head), view[pos:]
     if len(view) >= TEXT_BINDING.size and bytes(view[:8]) == TEXT_BINDING_MAGIC:
         return None, view[TEXT_BINDING.size:]
     return None, view

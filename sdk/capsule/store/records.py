@@ -13,6 +13,8 @@ from typing import Union
 
 import xxhash
 
+from .. import safejson
+
 Buffer = Union[bytes, bytearray, memoryview]
 
 FORMAT_VERSION = 1
@@ -98,6 +100,24 @@ class Sealer:
         if self._key is None:
             return ""
         return hmac.new(self._key, b"capsule.store key check " + store_id.encode(), hashlib.sha256).hexdigest()
+
+
+# a JSON head inside a record payload: magic (8), head length (u32), head (envelopes, fact records)
+JSON_HEAD = struct.Struct("<8sI")
+
+
+def read_json_head(view: memoryview, what: str, max_bytes: int, max_depth: int) -> tuple[object, int]:
+    """(the head parsed, where what follows it starts) of a payload opening with JSON_HEAD; the
+    length is bounded before the head is read (RecordError on anything off)."""
+    _, n = JSON_HEAD.unpack_from(view)
+    if n > min(max_bytes, len(view) - JSON_HEAD.size):
+        raise RecordError(f"{what} claims {n} bytes; the record holds {len(view)}")
+    try:
+        head = safejson.loads(view[JSON_HEAD.size:JSON_HEAD.size + n], what=what, max_bytes=max_bytes,
+                              max_depth=max_depth)
+    except ValueError as exc:
+        raise RecordError(str(exc)) from None
+    return head, JSON_HEAD.size + n
 
 
 def segment_header(segment: int, signed: bool) -> bytes:
