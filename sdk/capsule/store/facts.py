@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import safejson
 from . import factdb, factrecord, factrows
@@ -35,19 +35,19 @@ if TYPE_CHECKING:
     from .index import Index
 
 
-class FactsMixin:
-    """The fact API of Store (mixed in: it uses the Store's locks, index and committer)."""
+class Facts:
+    """The fact half of a Store: one object holding the parts it shares with the store (its locks,
+    committer, sealer, folder) and reading the store's current index through `index` (a rebuild
+    replaces it). Store exposes these methods as its own (add_fact, fact_kv, ...)."""
 
-    path: Path
-    _index: Index
-    _sealer: Sealer
-    _seg_dir: Path
-    _commit: Committer
-    _wlock: threading.RLock
-    _lock: threading.RLock
+    def __init__(self, path: Path, seg_dir: Path, sealer: Sealer, commit: Committer, wlock: threading.RLock,
+                 lock: threading.RLock, index: Callable[[], Index], check_open: Callable[[], None]):
+        self.path, self._seg_dir, self._sealer, self._commit = path, seg_dir, sealer, commit
+        self._wlock, self._lock, self._current_index, self._check_open = wlock, lock, index, check_open
 
-    def _check_open(self) -> None:  # provided by Store
-        raise NotImplementedError
+    @property
+    def _index(self) -> Index:
+        return self._current_index()
 
     # -- write --------------------------------------------------------------------------------
     def add_fact(self, text: str, *, tags: Sequence[str] = (), n_tokens: int, fingerprint: str, rope: str,

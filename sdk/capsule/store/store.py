@@ -17,16 +17,16 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import StoreError
 from . import lockfile, maintenance
 from .commit import Committer
 from . import loading
 from .errors import IndexCorrupt, IndexStale, PageCorrupt, UnknownEpoch
-from .facts import FactsMixin
+from .facts import Facts
 from .index import Index
-from .info import EpochInfo, VerifyReport
+from .info import EpochInfo, FactInfo, VerifyReport
 from .loading import Pages
 from .opening import Opened, held_by, open_index
 from .records import Sealer
@@ -38,7 +38,7 @@ OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "in
          "index.sqlite.new", "index.sqlite.rebuild", "quarantine")
 
 
-class Store(FactsMixin):
+class Store:
     """A durable, crash-consistent, append-only page store (bytes in, bytes out), which also keeps
     memory facts (add_fact, fact_kv, search_facts, ...: see facts.py). Use Store.open."""
 
@@ -55,6 +55,8 @@ class Store(FactsMixin):
         # what recovery did at open (index rebuilt, bytes cut or set aside in quarantine/): logged
         # as warnings too; empty after a clean open
         self.recovery_report: list[str] = list(opened.report)
+        self._facts = Facts(path, self._seg_dir, sealer, self._commit, self._wlock, self._lock,
+                            lambda: self._index, self._check_open)
 
     # -- lifetime -----------------------------------------------------------------------------
     @classmethod
@@ -322,6 +324,41 @@ class Store(FactsMixin):
     def _ident(self) -> loading.Ident:
         return loading.Ident(self._store_id, self._legacy_until, self._seg_dir)
 
+    # -- memory facts (facts.py has the docs; a damaged index is rebuilt once, then asked again) --
+    def add_fact(self, text: str, *, tags: Sequence[str] = (), n_tokens: int, fingerprint: str, rope: str,
+                 kv: Any, embedding: bytes | None = None, embedder: str | None = None) -> int:
+        return self._writing(lambda: self._facts.add_fact(text, tags=tags, n_tokens=n_tokens, fingerprint=fingerprint,
+                                                          rope=rope, kv=kv, embedding=embedding, embedder=embedder))
+
+    def set_fact_kv(self, fact_id: int, *, n_tokens: int, fingerprint: str, rope: str, kv: Any) -> None:
+        self._writing(lambda: self._facts.set_fact_kv(fact_id, n_tokens=n_tokens, fingerprint=fingerprint,
+                                                      rope=rope, kv=kv))
+
+    def set_fact_embedding(self, fact_id: int, embedding: bytes | None, embedder: str | None) -> None:
+        self._writing(lambda: self._facts.set_fact_embedding(fact_id, embedding, embedder))
+
+    def forget_fact(self, fact_id: int) -> None:
+        self._writing(lambda: self._facts.forget_fact(fact_id))
+
+    def facts(self, ids: Iterable[int] | None = None) -> list[FactInfo]:
+        wanted = None if ids is None else list(ids)
+        return self._reading(lambda: self._facts.facts(wanted))
+
+    def fact_kv(self, fact_id: int) -> bytes:
+        return self._reading(lambda: self._facts.fact_kv(fact_id))
+
+    def damaged_facts(self) -> list[tuple[int, str]]:
+        return self._reading(self._facts.damaged_facts)
+
+    def fact_embeddings(self) -> list[tuple[int, str, bytes]]:
+        return self._reading(self._facts.fact_embeddings)
+
+    def search_facts(self, query: str, k: int) -> list[tuple[int, float]]:
+        return self._reading(lambda: self._facts.search_facts(query, k))
+
+    def count_facts(self) -> int:
+        return self._reading(self._facts.count_facts)
+
     # -- maintenance (see maintenance.py) ---------------------------------------------------------
     def retain(self, keep: int) -> int:
         """Drop unnamed epochs older than the `keep` newest (named epochs stay); returns how many."""
@@ -360,6 +397,11 @@ class Store(FactsMixin):
     def _check_open(self) -> None:
         if self._lock_fd is None:
             raise StoreError(f"store {self.path} is closed")
+
+
+for _name in ("add_fact", "set_fact_kv", "set_fact_embedding", "forget_fact", "facts", "fact_kv", "damaged_facts",
+              "fact_embeddings", "search_facts", "count_facts"):
+    getattr(Store, _name).__doc__ = getattr(Facts, _name).__doc__   # one text, where the work is done
 
 
 def holds_store(path: Path) -> bool:
