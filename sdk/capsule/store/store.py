@@ -28,14 +28,10 @@ from .facts import Facts
 from .index import Index
 from .info import EpochInfo, FactInfo, VerifyReport
 from .loading import Pages
+from .folder import OWNED, folder_path, holds_store
 from .opening import Opened, held_by, open_index
 from .records import Sealer
-from .segments import FileOps, SegmentReader, list_segment_files
-
-
-# what a store puts in its folder besides LOCK (a failed open of a new store removes them again)
-OWNED = ("segments", "index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal",
-         "index.sqlite.new", "index.sqlite.rebuild", "quarantine")
+from .segments import FileOps, SegmentReader
 
 
 class Store:
@@ -66,17 +62,7 @@ class Store:
         if not isinstance(segment_bytes, int) or not 4096 <= segment_bytes <= 1 << 40:
             raise ValueError(f"segment_bytes must be an int in 4096..2**40, got {segment_bytes!r}")
         sealer = Sealer(sign_key)
-        if os.path.islink(path) and not os.path.exists(path):
-            raise StoreError(f"store path {os.fspath(path)!r} is a link to {os.readlink(path)!r}, which does "
-                             f"not exist (is its disk mounted?); nothing was created")
-        # the folder itself may be a link (/data/robot -> /mnt/sd/robot): resolved once here; no
-        # entry inside may be one (UnsafeStore: lockfile.check_folder, fsafe, list_segment_files)
-        path = Path(os.path.realpath(path))
-        if path.exists() and not path.is_dir():
-            raise StoreError(f"store path {str(path)!r} is a regular file; give a folder path")
-        lockfile.check_folder(path, OWNED)
-        if not create and not os.path.lexists(path / "index.sqlite") and not os.path.lexists(path / "segments"):
-            raise StoreError(f"no capsule store at {path} (pass create=True to make one)")
+        path = folder_path(path, create)
         # a failed open of a NEW store removes what it added (folder, LOCK, index files, segments/)
         folder = lockfile.lock_folder(path, is_new=lambda: not holds_store(path), owned=OWNED)
         try:
@@ -402,15 +388,3 @@ class Store:
 for _name in ("add_fact", "set_fact_kv", "set_fact_embedding", "forget_fact", "facts", "fact_kv", "damaged_facts",
               "fact_embeddings", "search_facts", "count_facts"):
     getattr(Store, _name).__doc__ = getattr(Facts, _name).__doc__   # one text, where the work is done
-
-
-def holds_store(path: Path) -> bool:
-    """Whether the folder holds a store's data (a non-empty index or a segment file). It looks
-    (lstat), never follows: an index that is a link or no regular file counts as data, so the
-    open refuses it by name (UnsafeStore) instead of taking the folder for a new store."""
-    index = os.path.join(path, "index.sqlite")
-    if os.path.lexists(index) and (os.path.islink(index) or not os.path.isfile(index)
-                                   or os.lstat(index).st_size > 0):
-        return True
-    segments = os.path.join(path, "segments")
-    return os.path.lexists(segments) and bool(os.path.islink(segments) or list_segment_files(Path(segments)))
