@@ -241,3 +241,14 @@ def test_a_rebuild_interrupted_at_any_point_is_redone(tmp_path, stage):
     with check_exact(s) as st:
         assert not (s / "index.sqlite.rebuild").exists()
         assert bool(st.recovery_report) == (stage == "swapping")
+
+
+def test_a_rebuild_does_not_bring_back_epochs_retention_dropped(tmp_path):
+    build(tmp_path / "s")
+    with Store.open(tmp_path / "s") as st:
+        st.write_epoch(pages_for(N + 1), b'{"epoch": %d}' % (N + 1), name="keep-me")
+        assert st.retain(3) == N - 2                     # 1..N-2 dropped (their records still on disk)
+        st.write_epoch(pages_for(N + 2), b'{"epoch": %d}' % (N + 2))   # its envelope names what is kept
+    (tmp_path / "s" / "index.sqlite").write_bytes(b"garbage")
+    with check_exact(tmp_path / "s", newest=N + 2) as st:
+        assert [e.id for e in st.epochs()] == [N - 1, N, N + 1, N + 2] and st.resolve("keep-me") == N + 1

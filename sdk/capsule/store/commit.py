@@ -67,6 +67,7 @@ class Committer:
                                  f"names must be unique")
             aliases = self._base_rows(epoch, base, {(r, i) for r, i, _ in items})
             listing = dict(self._base_listing(epoch, base))   # regions shared until written
+            retained = envelope.runs([*self._index.epoch_ids(), *(s.info.id for s in self.staged), epoch])
         start, rows, touched = self.writer.position(), [], set()
         base_id = epoch - 1 if base is None else base
         try:
@@ -79,7 +80,7 @@ class Committer:
                 listing[region][index] = (epoch, tag)
             page_bytes = sum(r.length for r in rows)  # type: ignore[misc]
             env = Envelope(self.store_id, epoch, base_id, name, time.time(), meta, page_bytes, len(rows),
-                           listing, bytes(man))
+                           listing, bytes(man), retained)
             payload = envelope.encode(env, self._sealer.tag_bytes, self._encoded)
             if len(payload) > MAX_MANIFEST_BYTES:
                 raise ValueError(f"epoch {epoch}'s manifest and page listing take {len(payload)} bytes; at most "

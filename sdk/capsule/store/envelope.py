@@ -40,6 +40,9 @@ class Envelope:
     n_pages: int                # how many it wrote (listing entries whose epoch is this one)
     listing: Listing = field(hash=False, compare=False)
     app: bytes = b""            # the caller's manifest
+    # the epochs the store retained when this one was written, itself included, as inclusive
+    # [first, last] runs (None: not recorded): a rebuild does not bring back epochs dropped before
+    retained: tuple[tuple[int, int], ...] | None = None
 
     def entries(self) -> int:
         return sum(len(pages) for pages in self.listing.values())
@@ -55,6 +58,8 @@ def encode(env: Envelope, tag_bytes: int, cache: EncodeCache | None = None) -> b
     head = {"store": env.store_id, "epoch": env.epoch, "base": env.base, "name": env.name,
             "created": env.created, "meta": env.meta, "page_bytes": env.page_bytes, "n_pages": env.n_pages,
             "regions": [[r, len(env.listing[r])] for r in regions]}
+    if env.retained is not None:
+        head["retained"] = [list(run) for run in env.retained]
     head_bytes = safejson.dumps(head)
     parts = [_HEAD.pack(MAGIC, len(head_bytes)), head_bytes]
     for region in regions:
@@ -110,11 +115,42 @@ def decode(payload: Buffer, tag_bytes: int) -> Envelope:
         listing[region] = {i: (r, bytes(view[tags_at + k * tag_bytes:tags_at + (k + 1) * tag_bytes]))
                            for k, (i, r) in enumerate(zip(idxs, recs))}
     env = Envelope(fields["store"], fields["epoch"], fields["base"], fields["name"], fields["created"],
-                   fields["meta"], fields["page_bytes"], fields["n_pages"], listing, bytes(view[pos:]))
+                   fields["meta"], fields["page_bytes"], fields["n_pages"], listing, bytes(view[pos:]),
+                   _retained(fields.get("retained"), fields["epoch"]))
     written = sum(1 for pages in listing.values() for r, _ in pages.values() if r == env.epoch)
     if written != env.n_pages:
         raise RecordError(f"envelope says it wrote {env.n_pages} pages but lists {written}")
     return env
+
+
+def runs(ids: list[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted ids as inclusive [first, last] runs: [1, 2, 3, 7] -> ((1, 3), (7, 7))."""
+    out: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return tuple((a, b) for a, b in out)
+
+
+def holds(retained: tuple[tuple[int, int], ...], epoch: int) -> bool:
+    return any(a <= epoch <= b for a, b in retained)
+
+
+def _retained(value: Any, epoch: int) -> tuple[tuple[int, int], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > 1 << 16:
+        raise RecordError("envelope retained-epoch list is malformed")
+    prev = 0
+    for run in value:
+        if (not isinstance(run, list) or len(run) != 2 or any(isinstance(v, bool) or not isinstance(v, int)
+                                                               for v in run)
+                or not prev < run[0] <= run[1] <= epoch):
+            raise RecordError("envelope retained-epoch list is malformed")
+        prev = run[1]
+    return tuple((a, b) for a, b in value)
 
 
 def _head_fields(head: Any) -> dict[str, Any]:

@@ -168,6 +168,11 @@ def _adoptable(found: Found, store_id: str, report: list[str]) -> list[tuple[Sca
             missing.append(epoch)
         else:
             out.append(best)
+    # the newest epoch names the epochs retention had kept: older ones, dropped, stay dropped
+    kept = next((env.retained for _, env in reversed(out) if env.retained is not None), None)
+    if kept is not None:
+        out = [(rec, env) for rec, env in out if envelope.holds(kept, env.epoch)]
+        missing = [e for e in missing if envelope.holds(kept, e)]
     if missing:
         report.append(f"epochs left out, records missing or damaged (or dropped by retention): "
                       f"{_ids(missing)}")
