@@ -13,7 +13,7 @@ import pytest
 
 from capsule import ModelLoadError, __version__
 from capsule.cli import main
-from capsule.doctor import FAILED, MISSING, OK, Check, NeedsPackage, run_checks
+from capsule.tools.doctor import FAILED, MISSING, OK, Check, NeedsPackage, run_checks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_doctor_onnxruntime_without_onnx_says_what_to_install(monkeypatch):
     fake.get_available_providers = lambda: ["CPUExecutionProvider"]
     monkeypatch.setitem(sys.modules, "onnxruntime", fake)
     monkeypatch.setitem(sys.modules, "onnx", None)
-    from capsule.doctor_onnx import probe_onnxruntime
+    from capsule.policy.engine_ort import probe_onnxruntime
 
     (check,) = run_checks([("onnxruntime", probe_onnxruntime)])
     assert (check.status, check.version) == (MISSING, "9.9.9")
@@ -198,7 +198,7 @@ def test_verify_lists_damaged_memory_facts(tmp_path, capsys):
 def test_verify_reads_the_factkv_header_as_memory_writes_it():
     import torch
 
-    from capsule import inspect as cli_inspect
+    from capsule.tools import store_report as cli_inspect
     from capsule.memory import encode
 
     assert cli_inspect._FACTKV_HEADER.format == encode.HEADER.format
@@ -228,7 +228,7 @@ def test_no_command_prints_usage(capsys):
 def test_onnxruntime_provider_fallback_and_mismatch_are_failed(tmp_path):
     import numpy as np
 
-    from capsule.doctor_onnx import _run_provider
+    from capsule.policy.engine_ort import _run_provider
 
     x = np.ones((2, 16), dtype=np.float32)
     want = np.full((2, 8), 0.5, dtype=np.float32)
@@ -259,7 +259,7 @@ def test_doctor_leaves_out_the_azure_provider(monkeypatch, tmp_path):
     # onnxruntime lists AzureExecutionProvider (a cloud endpoint, not a local backend) on any machine
     import numpy as np
 
-    from capsule import doctor_onnx
+    from capsule.policy import engine_ort as doctor_onnx
 
     want = np.full((2, 8), 0.5, dtype=np.float32)
     ran = []

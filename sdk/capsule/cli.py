@@ -1,4 +1,8 @@
-"""`capsule` command line: demo | doctor | bench | memory | inspect | verify | repair. Parsing and dispatch only."""
+"""`capsule` command line: demo | doctor | bench | memory | inspect | verify | repair. Parsing and dispatch only.
+
+Each command imports what it runs (capsule.tools.*, capsule.bench) inside itself, so `capsule --version`
+and `import capsule.cli` load none of them.
+"""
 from __future__ import annotations
 
 import argparse
@@ -18,14 +22,14 @@ def _version_line() -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .tools.demo import run_demo
 
     run_demo(model=args.model, tokenizer=args.tokenizer, device=args.device, store=args.store)
     return 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import cpu_works, format_checks, run_checks
+    from .tools.doctor import cpu_works, format_checks, run_checks
 
     print(f"{_version_line()}\nchecking backends with a tiny real inference each ...", flush=True)
     checks = run_checks(debug=args.debug)
@@ -52,7 +56,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect import inspect_report, read_sign_key
+    from .tools.store_report import inspect_report, read_sign_key
 
     ok, report = inspect_report(args.store, *read_sign_key(args.sign_key_file))
     print(report)
@@ -60,7 +64,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .inspect import read_sign_key, verify_store
+    from .tools.store_report import read_sign_key, verify_store
 
     ok, report = verify_store(args.store, *read_sign_key(args.sign_key_file))
     print(report)
@@ -68,8 +72,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from .inspect import read_sign_key
-    from .repair import repair_store
+    from .tools.store_report import read_sign_key
+    from .tools.repair import repair_store
 
     print(repair_store(args.store, *read_sign_key(args.sign_key_file)))
     return 0

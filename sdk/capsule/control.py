@@ -49,7 +49,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .bench.timing import percentile
+from .stats import percentile
 
 ON_MISS = ("skip", "catch_up")
 ON_CHECKPOINT_ERROR = ("raise", "continue")

@@ -1,8 +1,9 @@
 """`capsule bench --suite control`: policy step latency per engine, and control loops with capsules.
 
-1. Latency: builtin:mlp, builtin:mlp-chunk and builtin:gru through each policy engine that
-   loads here (PolicyRunner.step, p50/p99 after a warm-up), and through Session.act on the
-   profile's default engine (mlp-chunk runs its policy on every 4th act; the rest is the queue).
+1. Latency: builtin:mlp, builtin:mlp-chunk and builtin:gru through each registered policy
+   engine (policy/registry.py) that loads here (PolicyRunner.step, p50/p99 after a warm-up),
+   and through Session.act on the profile's default engine (mlp-chunk runs its policy on every
+   4th act; the rest is the queue).
 2. Loops: a 100 Hz and a 500 Hz ControlLoop (MonotonicClock, "skip" on a miss) calling
    s.act(obs) on the main thread, over a Session holding builtin:gru AND an LLM (builtin:tiny).
    A separate "chat" thread plays the robot's conversation: CHAT_HZ times per second (on its
@@ -33,13 +34,12 @@ import torch
 import devices
 
 from ..control import ControlLoop, MonotonicClock
-from ..policy import load_policy
+from ..policy import load_policy, registry
 from ..session import Session
 from . import BenchOptions, SuiteResult
 from .timing import percentile
 
 POLICIES = ("builtin:mlp", "builtin:mlp-chunk", "builtin:gru")
-ENGINES = ("torch", "onnxruntime", "tensorrt")
 LAT_STEPS, LAT_WARMUP, QUICK_LAT_STEPS, QUICK_LAT_WARMUP = 2000, 200, 300, 50
 LOOPS = {100: 1000, 500: 2500}              # hz -> steps (10 s and 5 s)
 QUICK_LOOPS = {100: 200, 500: 500}
@@ -69,7 +69,7 @@ def _time(fn: Any, obs: dict, steps: int, warmup: int) -> dict[str, float]:
 def _latency(opts: BenchOptions, dev: str, steps: int, warmup: int) -> list[dict[str, Any]]:
     rows, obs = [], {"observation.state": np.random.default_rng(0).standard_normal(14).astype(np.float32)}
     for src in POLICIES:
-        for eng in ENGINES:
+        for eng in registry.engine_names():       # every registered engine, loaded or skipped
             row = {"policy": src, "engine": eng, "path": "PolicyRunner.step", "steps": steps}
             try:
                 runner = load_policy(src, device=dev, engines=(eng,))
@@ -245,7 +245,8 @@ def run(opts: BenchOptions) -> SuiteResult:
     targets = _targets(rows)
     settings = {
         "device": dev, "profile": profile.name, "engine_preference": list(profile.engines), "quick": opts.quick,
-        "latency_steps": lat_steps, "latency_warmup": warmup, "latency_engines_tried": list(ENGINES),
+        "latency_steps": lat_steps, "latency_warmup": warmup,
+        "latency_engines_tried": list(registry.engine_names()),
         "loop_steps": {str(hz): n for hz, n in loops.items()}, "loop_policy": LOOP_POLICY,
         "loop_llm": f"{LLM_MODEL} (untrained), kv_pool_mb {KV_POOL_MB}; --model is not used by this suite",
         "checkpoint_every": CHECKPOINT_EVERY, "on_miss": "skip", "spin_s": MonotonicClock().spin_s,

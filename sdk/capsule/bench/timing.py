@@ -1,7 +1,6 @@
 """Timing helpers shared by suites: percentiles, a synchronizing clock, and a decode-step probe."""
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -9,15 +8,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
+from ..stats import percentile  # the runtime owns it (ControlLoop); suites import it from here
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); no interpolation, so p99 of few samples is the max."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in 0..100, got {q}")
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+__all__ = ["make_clock", "percentile", "progress", "step_probe"]
 
 
 def make_clock(device: torch.device) -> Callable[[], float]:

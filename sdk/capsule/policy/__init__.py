@@ -8,16 +8,20 @@
 Sources: an .onnx file following the LeRobot-like convention (inputs `observation.state`,
 optional `observation.environment_state` / `observation.images.<cam>` / `hidden_in`; outputs
 `action`, optional `hidden_out`; batch 1), or a builtin ("builtin:mlp", "builtin:mlp-chunk",
-"builtin:gru": UNTRAINED, seeded random weights, for examples and tests). Engines: torch
-(builtins only; CUDA graph on CUDA), onnxruntime (IOBinding), tensorrt (CUDA graph).
+"builtin:gru": UNTRAINED, seeded random weights, for examples and tests). Engines (one
+table: policy/registry.py): torch (builtins only; CUDA graph on CUDA), onnxruntime
+(IOBinding), tensorrt (CUDA graph).
 Nothing here is thread-safe: the Session serializes calls.
 """
 from .buffers import PolicyBuffers
 from .builtin import builtin_policy
 from .export import export_onnx
+from .registry import EngineEntry, engine_names
 from .runner import PolicyRunner, load_policy
-from .source import ENGINES, EngineUnavailable
+from .source import EngineUnavailable
 from .spec import PolicySpec
 
-__all__ = ["ENGINES", "EngineUnavailable", "PolicyBuffers", "PolicyRunner", "PolicySpec", "builtin_policy",
-           "export_onnx", "load_policy"]
+ENGINES: tuple[str, ...] = engine_names()   # the registry's names (kept for callers of capsule.policy.ENGINES)
+
+__all__ = ["ENGINES", "EngineEntry", "EngineUnavailable", "PolicyBuffers", "PolicyRunner", "PolicySpec",
+           "builtin_policy", "engine_names", "export_onnx", "load_policy"]

@@ -7,10 +7,11 @@ and buffers.hidden never moves, so a restore lands where the binding points). Th
 made once; a step is one run_with_iobinding plus that copy_, and allocates nothing after
 warm-up. Providers: TensorRT/CUDA execution providers when the device is CUDA and ORT offers
 them, else CPU (one intra-op thread: these policies are far too small to gain from more).
-Not thread-safe: the runner serializes calls.
+Not thread-safe: the runner serializes calls. probe_onnxruntime is this engine's doctor probe.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,15 @@ import torch
 
 from ..paths import cache_dir
 from .buffers import PolicyBuffers
+from .probe import FAILED, MISSING, OK, ONNX_EXTRA, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
 from .source import EngineUnavailable, PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
 CPU_EP, CUDA_EP, TRT_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 ORT_EXTRA = "pip install 'exec-capsules[onnx]' (CPU) or onnxruntime-gpu (CUDA)"
+# providers that onnxruntime lists but that run nothing on this machine (Azure calls a cloud
+# endpoint): not backends of a robot, so the doctor leaves them out
+NOT_LOCAL_PROVIDERS = frozenset({"AzureExecutionProvider"})
 
 
 def choose_providers(ort: Any, device: torch.device) -> list[Any]:
@@ -98,3 +103,35 @@ class OrtEngine:
         self.session.run_with_iobinding(self.binding)
         if self.hidden_next is not None:
             self.buffers.hidden.copy_(self.hidden_next)  # in place: (1, H) <- (1, H)
+
+
+# -- doctor probe: the probe Linear through each local execution provider ---------------------
+
+def _run_provider(ort: Any, provider: str, path: Path, x: np.ndarray, want: np.ndarray) -> Check:
+    name = f"onnxruntime {provider.removesuffix('ExecutionProvider')}"
+    try:
+        sess = ort.InferenceSession(str(path), providers=[provider])
+        used = sess.get_providers()
+        if not used or used[0] != provider:  # ORT may quietly fall back to the CPU provider
+            return Check(name, FAILED, ort.__version__, f"session fell back to {used[:1]}")
+        (got,) = sess.run(["y"], {"x": x})
+    except Exception as exc:  # noqa: BLE001 - one broken provider must not hide the others
+        return Check(name, FAILED, ort.__version__, f"{type(exc).__name__}: {exc}".splitlines()[0][:160])
+    diff = max_diff(got, want)
+    if diff > TOLERANCE:
+        return Check(name, FAILED, ort.__version__, f"output differs from torch by {diff:.1e}")
+    return Check(name, OK, ort.__version__, f"probe Linear(16->8) matches torch (max diff {diff:.1e})")
+
+
+def probe_onnxruntime(work: Path) -> list[Check]:
+    """One line per available local execution provider (CPU, CUDA, TensorRT, ...)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return [Check("onnxruntime", MISSING, "-", f"not importable ({exc}); {ONNX_EXTRA}")]
+    try:
+        path, x, want = export_probe(work)
+    except NeedsPackage as exc:
+        return [Check("onnxruntime", MISSING, ort.__version__, f"importable, but {exc}")]
+    return [_run_provider(ort, p, path, x, want) for p in ort.get_available_providers()
+            if p not in NOT_LOCAL_PROVIDERS]

@@ -8,7 +8,7 @@ precision, input shapes and the model digest. Tensor addresses are set once
 (set_tensor_address) to the static buffers; `hidden_out` goes to a static twin that is
 copied into buffers.hidden inside the same graph. The step (execute_async_v3 + that copy) is
 captured into a CUDA graph; a step is one replay on torch's current stream and allocates
-nothing. Not thread-safe: the runner serializes calls.
+nothing. Not thread-safe: the runner serializes calls. probe_tensorrt is this engine's doctor probe.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import torch
 
 from ..paths import cache_dir
 from .buffers import PolicyBuffers, torch_dtype
+from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
 from .source import EngineUnavailable, PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
@@ -173,3 +174,51 @@ def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:
     if blob is None:
         raise EngineUnavailable("TensorRT engine build returned nothing (set the logger to VERBOSE to see why)")
     return bytes(blob)
+
+
+# -- doctor probe: an engine built for the probe Linear, run on the GPU -----------------------
+
+def _trt_run(trt: Any, path: Path, x: np.ndarray, want: np.ndarray) -> np.ndarray:
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    major = int(trt.__version__.split(".")[0])
+    # TensorRT 10 networks are always explicit-batch; 8.x needs the flag
+    flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(path.read_bytes()):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"ONNX parser: {errors}")
+    blob = builder.build_serialized_network(network, builder.create_builder_config())
+    if blob is None:
+        raise RuntimeError("engine build returned nothing (set the logger to VERBOSE to see why)")
+    engine = trt.Runtime(logger).deserialize_cuda_engine(blob)
+    context = engine.create_execution_context()
+    xin = torch.from_numpy(x).cuda()
+    out = torch.empty(tuple(want.shape), dtype=torch.float32, device="cuda")
+    context.set_tensor_address("x", xin.data_ptr())
+    context.set_tensor_address("y", out.data_ptr())
+    stream = torch.cuda.current_stream()
+    if not context.execute_async_v3(stream.cuda_stream):
+        raise RuntimeError("execute_async_v3 returned False")
+    stream.synchronize()
+    return out.cpu().numpy()
+
+
+def probe_tensorrt(work: Path) -> Check:
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        return Check("tensorrt", MISSING, "-", f"not importable ({exc}); pip install 'exec-capsules[tensorrt]' "
+                     "or use JetPack's python3-libnvinfer")
+    if not torch.cuda.is_available():
+        return Check("tensorrt", MISSING, trt.__version__, "needs a CUDA GPU; torch.cuda.is_available() is False")
+    try:
+        path, x, want = export_probe(work)
+    except NeedsPackage as exc:
+        return Check("tensorrt", MISSING, trt.__version__, f"importable, but {exc}")
+    diff = max_diff(_trt_run(trt, path, x, want), want)
+    if diff > TOLERANCE:
+        return Check("tensorrt", FAILED, trt.__version__, f"engine output differs from torch by {diff:.1e}")
+    return Check("tensorrt", OK, trt.__version__, f"built an engine for the probe Linear; matches torch "
+                 f"(max diff {diff:.1e})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,21 +21,11 @@ from ..errors import ModelLoadError
 from ..state.regions import RegionRegistry
 from .buffers import PolicyBuffers
 from .observe import ObservationLoader
-from .source import ENGINES, Engine, EngineUnavailable, PolicySource, resolve_source
+from .registry import select_engines
+from .source import Engine, EngineUnavailable, resolve_source
 from .spec import PolicySpec
 
 log = logging.getLogger("capsule.policy")
-
-
-def _engine_factory(name: str) -> Callable[[PolicySource, PolicyBuffers], Engine]:
-    if name == "torch":
-        from .engine_torch import TorchEngine
-        return TorchEngine
-    if name == "onnxruntime":
-        from .engine_ort import OrtEngine
-        return OrtEngine
-    from .engine_trt import TensorRTEngine
-    return TensorRTEngine
 
 
 class PolicyRunner:
@@ -96,16 +86,13 @@ def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu"
                 registry: RegionRegistry | None = None) -> PolicyRunner:
     """Load `source` ("builtin:mlp|mlp-chunk|gru" or an .onnx path) onto the first engine that works.
 
-    Engines are tried in order; one that cannot run here (missing package, provider or
-    CUDA; the torch engine for an ONNX file) is skipped. Raises ModelLoadError (or its
+    Engines (names in policy/registry.py) are tried in order; one that cannot run here
+    (missing package, provider or CUDA; the torch engine for an ONNX file) is skipped. Raises ModelLoadError (or its
     subclass UnsupportedArchitecture) when the source breaks the I/O convention, or when no
     engine works (the message lists each engine's reason). With `registry`, the buffers are
     registered: obs "policy.obs.<key>" (input), "policy.action" (output), "policy.hidden" (policy).
     """
-    engines = tuple(engines)
-    unknown = [e for e in engines if e not in ENGINES]
-    if not engines or unknown:
-        raise ValueError(f"engines must be a non-empty sequence of {', '.join(ENGINES)}; got {list(engines)}")
+    entries = select_engines(engines)      # ValueError on an empty list or an unknown name
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"policy device {dev} requested, but torch.cuda.is_available() is False; "
@@ -114,14 +101,14 @@ def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu"
     buffers = PolicyBuffers(src.spec, dev)
     skipped: dict[str, str] = {}
     engine: Engine | None = None
-    for name in engines:
+    for entry in entries:
         try:
-            engine = _engine_factory(name)(src, buffers)
+            engine = entry.build(src, buffers)
             break
         except EngineUnavailable as exc:
-            skipped[name] = str(exc)
+            skipped[entry.name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - a broken backend must not hide the next one
-            skipped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            skipped[entry.name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     if engine is None:
         reasons = "; ".join(f"{n}: {r}" for n, r in skipped.items())
         raise ModelLoadError(f"no policy engine can run {src.spec.name} on {dev}: {reasons}")

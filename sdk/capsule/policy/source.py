@@ -16,15 +16,13 @@ from ..errors import ModelLoadError
 from .builtin import BUILTIN_PREFIX, BuiltinPolicy, builtin_names, builtin_policy
 from .spec import PolicySpec, spec_from_onnx
 
-ENGINES = ("tensorrt", "onnxruntime", "torch")
-
 
 class EngineUnavailable(ModelLoadError):
     """This engine cannot run here (package, provider or CUDA missing); selection tries the next."""
 
 
 class Engine(Protocol):
-    name: str    # "torch" | "onnxruntime" | "tensorrt"
+    name: str    # its name in policy/registry.py: "torch" | "onnxruntime" | "tensorrt"
     detail: str  # how it runs, for the log line: "eager", "CUDA graph", "CPUExecutionProvider", ...
 
     def run(self) -> None:

@@ -7,16 +7,16 @@ import time
 import warnings
 from pathlib import Path
 
-from .errors import CapsuleCorrupt, CapsuleError, StoreError
-from .memory.encode import HEADER as _FACTKV_HEADER
-from .memory.encode import ITEM_BYTES as _FACTKV_ITEM_BYTES
-from .memory.encode import MAGIC as _FACTKV_MAGIC
-from .memory.encode import VERSION as _FACTKV_VERSION
-from . import safejson
-from .state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
-from .store import Store, quarantine
-from .store.errors import DamagedFactWarning, PageCorrupt, SigningKeyError
-from .store.store import holds_store
+from ..errors import CapsuleCorrupt, CapsuleError, StoreError
+from ..memory.encode import HEADER as _FACTKV_HEADER
+from ..memory.encode import ITEM_BYTES as _FACTKV_ITEM_BYTES
+from ..memory.encode import MAGIC as _FACTKV_MAGIC
+from ..memory.encode import VERSION as _FACTKV_VERSION
+from .. import safejson
+from ..state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
+from ..store import Store, quarantine
+from ..store.errors import DamagedFactWarning, PageCorrupt, SigningKeyError
+from ..store.store import holds_store
 
 # A memory fact's KV bytes start with the FactKV header of memory/encode.py (its format constants
 # are imported, not copied; only the header is parsed here): magic, version, dtype code, L, T,

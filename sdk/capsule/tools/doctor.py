@@ -1,58 +1,22 @@
 """`capsule doctor`: which backends really work here, each shown by running a tiny real inference.
 
 Every probe imports its backend lazily and runs inside a guard, so a broken or missing
-backend becomes one FAILED or MISSING line, never a crash of the command.
+backend becomes one FAILED or MISSING line, never a crash of the command. The torch probes
+live here (they open a Session); each policy engine's probe comes from policy/registry.py.
 """
 from __future__ import annotations
 
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Sequence
 
-if TYPE_CHECKING:
-    import torch
+from ..policy.probe import FAILED, MISSING, OK, Check, NeedsPackage, Probe, exact_probe_tensors
+from ..policy import registry
 
-OK, MISSING, FAILED = "OK", "MISSING", "FAILED"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the report: status is OK, MISSING (not installed / no hardware) or FAILED."""
-
-    name: str
-    status: str
-    version: str
-    reason: str
-
-
-class NeedsPackage(Exception):
-    """A probe cannot run because a helper package (not the backend itself) is missing."""
-
-
-Probe = Callable[[Path], "Check | list[Check]"]
-
-
-def exact_probe_tensors() -> tuple[torch.nn.Linear, torch.Tensor]:
-    """Linear(16 -> 8) weights and input made of multiples of 1/4.
-
-    Their products and sums are exact in fp32, TF32 and fp16 alike, so any correct backend
-    matches torch to well within 1e-5 whatever math mode it picks.
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-
-    def q(*shape: int) -> torch.Tensor:
-        return torch.randint(-4, 5, shape, generator=gen).float() / 4
-
-    linear = torch.nn.Linear(16, 8)
-    with torch.no_grad():
-        linear.weight.copy_(q(8, 16))
-        linear.bias.copy_(q(8))
-    return linear, q(2, 16)
+__all__ = ["FAILED", "MISSING", "OK", "Check", "NeedsPackage", "Probe", "cpu_works", "default_probes",
+           "format_checks", "probe_policy", "run_checks"]
 
 
 def _matmul_error(device: str) -> float:
@@ -67,7 +31,7 @@ def _matmul_error(device: str) -> float:
 
 def _session_tokens(work: Path, device: str, n: int = 8) -> tuple[float, str]:
     """Open builtin:tiny on `device` and time n greedy tokens (n - 1 decode steps); s/token and mode."""
-    from .session import Session
+    from ..session import Session
 
     with Session.open(work / f"session-{device}", model="builtin:tiny", device=device,
                       runtime={"kv_pool_mb": 16}) as s:
@@ -157,11 +121,35 @@ def _guard(name: str, probe: Probe, work: Path, debug: bool) -> list[Check]:
     return out if isinstance(out, list) else [out]
 
 
-def default_probes() -> list[tuple[str, Probe]]:
-    from .doctor_onnx import probe_onnxruntime, probe_policy, probe_tensorrt
+def probe_policy(work: Path) -> Check:
+    """builtin:gru through the detected profile's engine preference: which engine runs, how fast."""
+    import numpy as np
 
+    import devices
+
+    from ..policy import load_policy
+
+    profile = devices.detect_profile("auto")
+    runner = load_policy("builtin:gru", device="cuda" if profile.device == "cuda" else "cpu",
+                         engines=profile.engines)
+    obs = {"observation.state": np.zeros(14, dtype=np.float32)}
+    for _ in range(20):   # warm-up
+        runner.step(obs)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        runner.step(obs)
+    step_us = (time.perf_counter() - t0) / 200 * 1e6
+    skipped = "; ".join(f"{k}: {v}" for k, v in runner.skipped.items())
+    return Check("policy", OK, runner.engine_name,
+                 f"builtin:gru {step_us:.0f} us/step on {runner.engine_detail} (profile {profile.name})"
+                 + (f"; skipped {skipped}"[:120] if skipped else ""))
+
+
+def default_probes() -> list[tuple[str, Probe]]:
+    """torch itself (it runs the LLM), then each registered policy engine's probe, then the policy path."""
+    engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
     return [("torch cpu", probe_torch_cpu), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
-            ("onnxruntime", probe_onnxruntime), ("tensorrt", probe_tensorrt), ("policy", probe_policy)]
+            *engines, ("policy", probe_policy)]
 
 
 def run_checks(probes: Sequence[tuple[str, Probe]] | None = None, *, debug: bool = False) -> list[Check]:

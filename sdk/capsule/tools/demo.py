@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .session import Session
+from ..session import Session
 
 TRANSCRIPT = ("system: you are the planner of a mobile manipulator.\n"
               "user: bring me the red cup from the kitchen table\n"
@@ -44,7 +44,7 @@ def _control(path: Path, device: str, echo: Callable[[str], None]) -> None:
     """A policy in a 100 Hz control loop with a capsule every 10 ticks."""
     import numpy as np
 
-    from .control import ControlLoop
+    from ..control import ControlLoop
     with Session.open(path, model=None, policy="builtin:gru", device=device) as s:
         obs = {"observation.state": np.zeros(14, dtype=np.float32)}
         st = ControlLoop(s, hz=100, checkpoint_every=10).run(lambda tick: s.act(obs), steps=100)

@@ -5,7 +5,7 @@ import os
 
 from tqdm import tqdm
 
-from .inspect import open_existing
+from .store_report import open_existing
 
 
 def repair_store(path: str | os.PathLike, sign_key: bytes | None = None, source: str = "") -> str:
