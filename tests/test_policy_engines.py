@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper  # noqa: E402
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
 
-from capsule.errors import ModelLoadError, UnsupportedArchitecture  # noqa: E402
-from capsule.policy import PolicySpec, builtin_policy, export_onnx, load_policy  # noqa: E402
-from capsule.policy.spec import spec_from_onnx  # noqa: E402
-from capsule.state.regions import RegionRegistry  # noqa: E402
+from capsule.errors import ModelLoadError, UnsupportedArchitecture
+from capsule.policy import PolicySpec, builtin_policy, export_onnx, load_policy
+from capsule.policy.spec import spec_from_onnx
+from capsule.state.regions import RegionRegistry
 
 BUILTINS = ["mlp", "mlp-chunk", "gru"]
 F32, F64 = TensorProto.FLOAT, TensorProto.DOUBLE

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
+import onnxruntime  # noqa: F401 -- the test extra: if it is missing the suite fails, never skips
 
-from capsule import Session  # noqa: E402
-from capsule.policy import load_policy  # noqa: E402
-from capsule.policy.actor import Actor  # noqa: E402
+from capsule import Session
+from capsule.policy import load_policy
+from capsule.policy.actor import Actor
 
 ENGINES = ["torch", "onnxruntime"]
 BUILTINS = ["mlp", "mlp-chunk", "gru"]

@@ -13,9 +13,7 @@ import pytest
 
 from capsule.tokenize import clear_cache, load_reference
 
-tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers,  # noqa: E402
-                        pre_tokenizers, trainers)
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 CORPUS = ["hello world, the red robot is in bay 2 and the blue cup is on the shelf",
           "wor worldbldoboem robotm robot picked up the cube; the arm moved left",
@@ -228,7 +226,7 @@ def test_wordpiece_continuation(tmp_path):
 
 def test_session_reply_keeps_spaces_and_bytes(tmp_path):
     # the user probe end to end: a tiny random Llama with the Llama-2 layout, greedy reply
-    codecs = pytest.importorskip("codecs")
+    import codecs
     from capsule import Session
     from hf_checkpoints import make_checkpoint
     hf = _build("llama2")
