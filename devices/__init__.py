@@ -3,9 +3,7 @@ from .detect import detect_profile
 from .profile import (
     CheckpointDefaults,
     DeviceProfile,
-    GpuSpec,
     RuntimeDefaults,
-    StorageSpec,
     list_profiles,
     load_profile,
 )
@@ -13,9 +11,7 @@ from .profile import (
 __all__ = [
     "CheckpointDefaults",
     "DeviceProfile",
-    "GpuSpec",
     "RuntimeDefaults",
-    "StorageSpec",
     "detect_profile",
     "list_profiles",
     "load_profile",

@@ -1,4 +1,8 @@
-"""Device profiles: frozen, validated dataclasses loaded from the YAML files beside this module."""
+"""Device profiles: frozen, validated dataclasses loaded from the YAML files beside this module.
+
+A profile holds only what the SDK reads: the device, the runtime defaults, the engine order and
+the checkpoint retention. Hardware facts for people (GPU, memory, storage) go in `description`.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -15,46 +19,19 @@ from ._checks import (bad, check_bool, check_choice, check_int, check_int_list, 
 
 PROFILE_DIR = Path(__file__).resolve().parent
 DEVICES = ("cpu", "cuda")
-STORAGE_KINDS = ("emmc", "sd", "nvme", "ssd", "hdd")
 DTYPES = ("float32", "float16", "bfloat16")
 ENGINES = ("tensorrt", "onnxruntime", "torch")
-CHECKPOINT_MODES = ("sync", "async")
-_ARCH_RE = re.compile(r"^sm_\d+$")
+# keys older profiles carried that nothing ever read: a profile naming one is refused, saying so
+REMOVED = {
+    "gpu": "hardware facts nothing read (describe the GPU in description)",
+    "storage": "storage facts nothing read (the capsules bench measures the fsync it reports)",
+    "checkpoint.mode": "Session.checkpoint(wait=...) picks durable-on-return or background per call",
+    "checkpoint.every_steps": "the app (or ControlLoop) decides when to checkpoint",
+    "checkpoint.group_commit_ms": "the background writer groups every epoch queued behind a "
+                                  "running fsync into the next one",
+}
 # Names double as file stems and CLI arguments, so keep them path-safe.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """The accelerator: compute capability, size, and memory system."""
-    arch: str
-    sms: int
-    memory_gb: float
-    unified_memory: bool
-    bandwidth_gbps: float
-
-    def __post_init__(self) -> None:
-        if not _ARCH_RE.match(check_str("gpu.arch", self.arch)):
-            raise bad("gpu.arch", self.arch, "does not match ^sm_\\d+$ (e.g. 'sm_87')")
-        check_int("gpu.sms", self.sms, lo=1)
-        set_field(self, "memory_gb", check_num("gpu.memory_gb", self.memory_gb, gt=0))
-        check_bool("gpu.unified_memory", self.unified_memory)
-        set_field(self, "bandwidth_gbps",
-                  check_num("gpu.bandwidth_gbps", self.bandwidth_gbps, gt=0))
-
-
-@dataclass(frozen=True)
-class StorageSpec:
-    """The checkpoint medium; typical (not peak) figures, used to size group commits."""
-    kind: str
-    seq_read_mbps: float
-    fsync_ms: float
-
-    def __post_init__(self) -> None:
-        check_choice("storage.kind", self.kind, STORAGE_KINDS)
-        set_field(self, "seq_read_mbps",
-                  check_num("storage.seq_read_mbps", self.seq_read_mbps, gt=0))
-        set_field(self, "fsync_ms", check_num("storage.fsync_ms", self.fsync_ms, gt=0))
 
 
 @dataclass(frozen=True)
@@ -96,22 +73,14 @@ class RuntimeDefaults:
 
 @dataclass(frozen=True)
 class CheckpointDefaults:
-    """Checkpointer defaults; every_steps=0 means checkpoint only on demand."""
-    mode: str
+    """Checkpointer defaults: the epochs the store retains (Session.open's keep_epochs)."""
     keep_epochs: int
-    every_steps: int
-    group_commit_ms: float
 
     def __post_init__(self) -> None:
-        check_choice("checkpoint.mode", self.mode, CHECKPOINT_MODES)
         check_int("checkpoint.keep_epochs", self.keep_epochs, lo=1)
-        check_int("checkpoint.every_steps", self.every_steps, lo=0)
-        set_field(self, "group_commit_ms",
-                  check_num("checkpoint.group_commit_ms", self.group_commit_ms, ge=0))
 
 
-_SECTIONS: dict[str, type] = {"gpu": GpuSpec, "storage": StorageSpec,
-                              "runtime": RuntimeDefaults, "checkpoint": CheckpointDefaults}
+_SECTIONS: dict[str, type] = {"runtime": RuntimeDefaults, "checkpoint": CheckpointDefaults}
 
 
 def _check_keys(prefix: str, raw: Any, cls: type) -> None:
@@ -121,6 +90,9 @@ def _check_keys(prefix: str, raw: Any, cls: type) -> None:
         raise wrong_type(where, raw, "mapping")
     allowed = [f.name for f in dataclasses.fields(cls)]
     for k in raw:
+        if f"{prefix}{k}" in REMOVED:
+            raise ValueError(f"{prefix}{k}: removed from device profiles, delete it "
+                             f"({REMOVED[prefix + k]})")
         if k not in allowed:
             raise ValueError(f"{prefix}{k}: unknown key (allowed: {', '.join(allowed)})")
     for k in allowed:
@@ -130,12 +102,10 @@ def _check_keys(prefix: str, raw: Any, cls: type) -> None:
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """One device class: hardware facts plus the runtime and checkpoint defaults tuned for it."""
+    """One device class: the runtime and checkpoint defaults tuned for it."""
     name: str
     description: str
     device: str
-    gpu: GpuSpec | None
-    storage: StorageSpec
     runtime: RuntimeDefaults
     engines: tuple[str, ...]  # in preference order
     checkpoint: CheckpointDefaults
@@ -147,8 +117,8 @@ class DeviceProfile:
         check_choice("device", self.device, DEVICES)
         for key, cls in _SECTIONS.items():
             value = getattr(self, key)
-            if not isinstance(value, cls) and not (key == "gpu" and value is None):
-                raise wrong_type(key, value, cls.__name__ + (" or null" if key == "gpu" else ""))
+            if not isinstance(value, cls):
+                raise wrong_type(key, value, cls.__name__)
         if not isinstance(self.engines, (list, tuple)):
             raise wrong_type("engines", self.engines, "list of str")
         engines = tuple(check_choice(f"engines[{i}]", e, ENGINES)
@@ -163,19 +133,11 @@ class DeviceProfile:
 
     def _check_consistency(self) -> None:
         cpu = self.device == "cpu"
-        if cpu and self.gpu is not None:
-            raise bad("gpu", dataclasses.asdict(self.gpu), "must be null when device is 'cpu'")
-        if not cpu and self.gpu is None:
-            raise bad("gpu", None, "must be a mapping when device is 'cuda'")
         if cpu and self.runtime.cuda_graphs:
             raise bad("runtime.cuda_graphs", True, "must be false when device is 'cpu'")
         if cpu and "tensorrt" in self.engines:
             raise bad("engines", list(self.engines),
                       "includes 'tensorrt', which needs device 'cuda'")
-        # A pool bigger than device memory can never be allocated; fail at load, not at serve time.
-        if self.gpu is not None and self.runtime.kv_pool_mb / 1024 >= self.gpu.memory_gb:
-            raise bad("runtime.kv_pool_mb", self.runtime.kv_pool_mb,
-                      f"does not fit in gpu.memory_gb ({self.gpu.memory_gb:g})")
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<dict>") -> DeviceProfile:
@@ -184,9 +146,6 @@ class DeviceProfile:
             _check_keys("", d, cls)
             parts: dict[str, Any] = {}
             for key, sub in _SECTIONS.items():
-                if key == "gpu" and d[key] is None:
-                    parts[key] = None
-                    continue
                 _check_keys(key + ".", d[key], sub)
                 parts[key] = sub(**d[key])
             return cls(name=d["name"], description=d["description"], device=d["device"],

@@ -57,20 +57,42 @@ def test_shipped_profile_loads_and_round_trips(name):
     again = DeviceProfile.from_dict(yaml.safe_load(yaml.safe_dump(p.to_dict())))
     assert again == p
     assert p.runtime.kv_pool_bytes == int(p.runtime.kv_pool_mb * 2**20)
-    assert (p.gpu is None) == (p.device == "cpu")
+    # every field a profile holds is one the SDK reads (no validated-but-unused fields)
+    assert set(p.to_dict()) == {"name", "description", "device", "runtime", "engines", "checkpoint"}
+    assert set(p.to_dict()["checkpoint"]) == {"keep_epochs"}
 
 
 def test_shipped_values():
     nano = load_profile("jetson-orin-nano-8gb")
-    assert (nano.gpu.arch, nano.gpu.sms, nano.gpu.memory_gb) == ("sm_87", 8, 8.0)
-    assert nano.gpu.unified_memory and nano.storage.kind == "sd"
+    assert nano.device == "cuda" and nano.checkpoint.keep_epochs == 4
     assert nano.runtime.batch_buckets == (1, 2, 4)
-    assert load_profile("jetson-agx-orin-64gb").gpu.bandwidth_gbps == 204.8
+    assert load_profile("jetson-agx-orin-64gb").runtime.max_context == 16384
     cpu = load_profile("x86-cpu")
-    assert cpu.gpu is None and cpu.runtime.dtype == "float32"
+    assert cpu.device == "cpu" and cpu.runtime.dtype == "float32"
     assert cpu.runtime.cuda_graphs is False and cpu.engines == ("onnxruntime", "torch")
     assert cpu.runtime.kv_pool_bytes == 256 * 2**20
-    assert load_profile("cuda-desktop").gpu.unified_memory is False
+    assert load_profile("cuda-desktop").runtime.batch_buckets == (1, 2, 4, 8)
+
+
+def test_the_profile_keep_epochs_reaches_the_store(tmp_path):
+    from capsule import Session
+    profile = load_profile("x86-cpu").to_dict()
+    profile["name"] = "keep-two"
+    profile["checkpoint"]["keep_epochs"] = 2
+    with Session.open(tmp_path / "s", model=None, device=_write(tmp_path, profile)) as s:
+        for i in range(4):
+            s.state = {"i": i}
+            s.checkpoint()
+        assert len(s.epochs()) == 2
+
+
+@pytest.mark.parametrize("dotted", ["gpu", "storage", "checkpoint.mode", "checkpoint.every_steps",
+                                    "checkpoint.group_commit_ms"])
+def test_a_removed_key_is_refused_with_what_to_do(tmp_path, dotted):
+    d = _valid()
+    _set_path(d, dotted, {"arch": "sm_87"} if "." not in dotted else 10)
+    msg = _load_error(tmp_path, d)
+    assert msg.startswith(f"{dotted}: removed from device profiles, delete it ("), msg
 
 
 def test_load_by_path_and_pathlike(tmp_path):
@@ -131,28 +153,18 @@ def _set_path(d: dict, dotted: str, value) -> None:
     ("runtime.batch_buckets", [1, True], "runtime.batch_buckets[1]", "bool"),
     ("runtime.max_context", 1000, "runtime.max_context", "multiple of runtime.block_size"),
     ("runtime.kv_pool_mb", 0, "runtime.kv_pool_mb", "> 0"),
-    ("runtime.kv_pool_mb", 10**6, "runtime.kv_pool_mb", "gpu.memory_gb"),
     ("runtime.dtype", "fp16", "runtime.dtype", "float32, float16, bfloat16"),
     ("runtime.cuda_graphs", 1, "runtime.cuda_graphs", "expected bool"),
     ("runtime.prefill_chunk", 0, "runtime.prefill_chunk", ">= 1"),
-    ("gpu.sms", True, "gpu.sms", "bool"),
-    ("gpu.sms", 0, "gpu.sms", ">= 1"),
-    ("gpu.arch", "ampere", "gpu.arch", "sm_"),
-    ("gpu.memory_gb", -8.0, "gpu.memory_gb", "> 0"),
-    ("gpu.memory_gb", float("inf"), "gpu.memory_gb", "finite"),
-    ("gpu.unified_memory", "yes", "gpu.unified_memory", "expected bool"),
-    ("storage.kind", "floppy", "storage.kind", "emmc, sd, nvme, ssd, hdd"),
-    ("storage.fsync_ms", 0, "storage.fsync_ms", "> 0"),
-    ("checkpoint.mode", "lazy", "checkpoint.mode", "sync, async"),
+    ("runtime.kv_pool_mb", float("inf"), "runtime.kv_pool_mb", "finite"),
     ("checkpoint.keep_epochs", 0, "checkpoint.keep_epochs", ">= 1"),
-    ("checkpoint.every_steps", -1, "checkpoint.every_steps", ">= 0"),
-    ("checkpoint.group_commit_ms", -0.5, "checkpoint.group_commit_ms", ">= 0"),
+    ("checkpoint.keep_epochs", 2.5, "checkpoint.keep_epochs", "expected int"),
     ("engines", ["tensorrt", "tvm"], "engines[1]", "tensorrt, onnxruntime, torch"),
     ("engines", ["torch", "torch"], "engines", "more than once"),
     ("engines", [], "engines", "empty"),
     ("device", "tpu", "device", "cpu, cuda"),
-    ("gpu", None, "gpu", "device is 'cuda'"),
-    ("storage", [1, 2], "storage", "expected mapping"),
+    ("runtime", [1, 2], "runtime", "expected mapping"),
+    ("checkpoint", None, "checkpoint", "expected mapping"),
 ])
 def test_bad_value_names_dotted_key(tmp_path, dotted, value, key_in_msg, fragment):
     d = _valid()
@@ -162,7 +174,7 @@ def test_bad_value_names_dotted_key(tmp_path, dotted, value, key_in_msg, fragmen
     assert fragment in msg, msg
 
 
-@pytest.mark.parametrize("section", [None, "gpu", "storage", "runtime", "checkpoint"])
+@pytest.mark.parametrize("section", [None, "runtime", "checkpoint"])
 def test_unknown_key_rejected_at_every_level(tmp_path, section):
     d = _valid()
     target = d if section is None else d[section]
@@ -173,8 +185,8 @@ def test_unknown_key_rejected_at_every_level(tmp_path, section):
     assert "allowed:" in msg
 
 
-@pytest.mark.parametrize("dotted", ["description", "engines", "gpu", "runtime.block_size",
-                                    "gpu.arch", "storage.kind", "checkpoint.mode"])
+@pytest.mark.parametrize("dotted", ["description", "engines", "runtime", "runtime.block_size",
+                                    "checkpoint", "checkpoint.keep_epochs"])
 def test_missing_key_rejected(tmp_path, dotted):
     d = _valid()
     *parents, leaf = dotted.split(".")
@@ -191,10 +203,6 @@ def test_cpu_profile_rules(tmp_path):
     cpu["name"] = "cpu-graphs"
     cpu["runtime"]["cuda_graphs"] = True
     assert "runtime.cuda_graphs" in _load_error(tmp_path, cpu)
-    cpu = load_profile("x86-cpu").to_dict()
-    cpu["name"] = "cpu-gpu"
-    cpu["gpu"] = _valid()["gpu"]
-    assert _load_error(tmp_path, cpu).startswith("gpu:")
     cpu = load_profile("x86-cpu").to_dict()
     cpu["name"] = "cpu-trt"
     cpu["engines"] = ["tensorrt", "torch"]
