@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capsule.tokenize import IncrementalTokenizer, incremental, load_reference, run_differential
+from capsule.tokenize.incremental_state import CHUNK_CHARS, CHUNK_IDS
 
 FAMILIES = ("cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4")
 CONTEXT = "The robot said: it's done, we'll see.\nprint(x)  # ok\n"
@@ -201,7 +202,9 @@ def test_state_round_trip_stays_incremental(refs, family):
         tok.append((CODE + CONTEXT)[i % 7:] * 20)
     meta, blobs = tok.state_dict()
     json.dumps(meta)
-    assert set(blobs) == {"text", "ids", "boundaries"}
+    n_tc, n_ic = meta["chars"] // CHUNK_CHARS, meta["tokens"] // CHUNK_IDS   # chunks, then the rest
+    assert n_tc and set(blobs) == {"text", "ids", *(f"text/{k}" for k in range(n_tc)),
+                                   *(f"ids/{k}" for k in range(n_ic))}
     assert all(type(b) is bytes for b in blobs.values())
     for handle in (ref, family):
         back = IncrementalTokenizer.from_state(handle, meta, blobs, shadow_rate=0.0)
@@ -231,8 +234,10 @@ def test_state_validation(refs):
     bad(ids=blobs["ids"][4:] + blobs["ids"][:4])        # same size, wrong tail ids
     bad(text=b"\xff" + blobs["text"][1:])
     bad(text=blobs["text"][:-1])
-    bad(boundaries=blobs["boundaries"][:-8])
-    bad(boundaries=blobs["boundaries"] + blobs["boundaries"][-16:])
+    bad({**meta, "base": [meta["chars"] + 1, meta["tokens"]]})   # the tail's boundary: inside,
+    bad({**meta, "base": [1, 0]})                                   # both zero or neither
+    bad({**meta, "base": "0,0"})
+    bad(boundaries=b"")                                             # no other blob
     bad(text=None)
     bad({**meta, "fingerprint": "0" * 64})
     bad({**meta, "format": "pickle"})

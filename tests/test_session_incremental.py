@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from capsule import Session
-from capsule.tokenize import load_reference
+from capsule.tokenize import IncrementalTokenizer, load_reference
 
 RT = {"kv_pool_mb": 8, "max_context": 4096}
 
@@ -42,7 +42,7 @@ def test_restored_stream_appends_incrementally_from_its_saved_state(tmp_path):
         s.checkpoint()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         stream = s._engine.stream("main")
-        assert stream.tok is None and stream.tok_state is not None   # no encoder needed to restore
+        assert stream.tok.check_pending    # restored unchecked: no encoder needed to restore
         s.append(" and one more")
         assert s.tokens() == ref.encode(s.text())
         assert stream.tok.stats["appends"] >= 2                       # continued, not rebuilt
@@ -55,10 +55,12 @@ def test_damaged_tokenizer_state_falls_back_to_one_exact_encode(tmp_path):
         s.checkpoint()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         stream = s._engine.stream("main")
-        meta, blobs = stream.tok_state
-        stream.tok_state = (meta, {**blobs, "ids": blobs["ids"][:-4]})
+        meta, blobs = stream.tok.state_dict()   # the restored state, its last id replaced
+        stream.tok = IncrementalTokenizer.from_state(ref, meta, {**blobs, "ids": blobs["ids"][:-4]
+                                                                 + (7).to_bytes(4, "little")},
+                                                     deferred=True)
         s.append("!")
-        assert s.tokens() == ref.encode(s.text())
+        assert s.tokens() == ref.encode(s.text()) and stream.tok.stats["fallbacks"] == 1
 
 
 def test_rejected_append_to_an_existing_stream_changes_nothing(tmp_path):

@@ -23,7 +23,7 @@ from .policy import load_policy
 from .policy.actor import Actor
 from .state.binding import Binding
 from .state.checkpointer import Checkpointer
-from .state.manifest import Limits
+from .state.manifest import HOST_FORMAT, Limits
 from .state.regions import RegionRegistry
 from .state.snapshot import Snapshotter
 from .store import Store
@@ -143,7 +143,7 @@ def host_state(llm: LLMParts | None, app_state: dict,
                actor: Actor | None = None) -> tuple[dict, dict[str, bytes]]:
     check_app_state(app_state)  # s.state is a plain dict the app may have mutated since it was set
     meta, blobs = export_streams(llm.engine) if llm else ([], {})
-    host = {"streams": meta, "app_state": app_state}
+    host = {"format": HOST_FORMAT, "streams": meta, "app_state": app_state}
     if actor is not None:
         host["policy"] = actor.state()
     return host, blobs

@@ -44,8 +44,9 @@ class MemoryMethods:
             if mem.config.window:
                 if context is not None:
                     ctx = self.tokenizer.encode(context)
-                elif "main" in self._llm().streams:
-                    ctx = self._llm().streams["main"].ids
+                elif "main" in self._llm().streams:   # the window's worth, not the history
+                    main = self._llm().streams["main"]
+                    ctx = main.ids_slice(max(0, main.n_ids - mem.config.window))
             return mem.remember(text, tags, ctx)
 
     def forget(self, fact_id: int) -> None:
@@ -86,7 +87,7 @@ class MemoryMethods:
             # sum of the positive needs is enough whatever the order the streams are filled in
             blocks += max(0, need)
             s = engine.stream(name)
-            plans.append((name, self._choose(mem, s.last_user or s.text[-500:], memory_k, room)))
+            plans.append((name, self._choose(mem, s.last_user or s.text_tail(500), memory_k, room)))
         if blocks > engine.pool.free_blocks:
             raise CapacityError(f"KV pool is full: {', '.join(map(repr, names))} with their memory regions "
                                 f"and {max_new_tokens} new tokens need {blocks} more block(s), "

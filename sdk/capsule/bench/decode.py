@@ -21,6 +21,8 @@ import torch
 from ..session import Session
 from . import BenchOptions, SuiteResult
 from .timing import make_clock, percentile, progress, step_probe
+from . import decode_append
+from . import decode_sampling
 
 BATCHES = (1, 2, 4)
 DEFAULT_STEPS, QUICK_STEPS = 128, 32       # decode steps timed per batch size
@@ -149,4 +151,6 @@ def run(opts: BenchOptions) -> SuiteResult:
     if results["peak_cuda_allocated_mb"] is not None:
         memory["peak_cuda_allocated_mb"] = results["peak_cuda_allocated_mb"]
     tables["open and memory"] = [memory]
+    decode_append.report(opts, results, tables)
+    decode_sampling.report(opts, results, tables)
     return SuiteResult(settings=settings, results=results, tables=tables)

@@ -1,13 +1,13 @@
 """Engine: streams of tokens over one decoder, prefilled on demand and decoded together.
 
-A stream's token ids are the reference tokenizer's ids of its text, followed by whatever
-the model generated since the last append. K/V is cached for ids[:table.num_cached].
-Not thread-safe: the Session serializes calls.
+A stream's token ids are the reference tokenizer's ids of its text (held by its incremental
+tokenizer, the one copy), followed by whatever the model generated since the last append.
+K/V is cached for ids[:table.num_cached]. An append costs the window the tokenizer re-encodes,
+never the history. Not thread-safe: the Session serializes calls.
 """
 from __future__ import annotations
 
 import os
-import unicodedata
 from typing import Sequence
 
 import torch
@@ -16,11 +16,12 @@ from edge_kernels.rope import check_reinjectable
 
 from ..errors import UnknownStream
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
+from ..tokenize.splice import common
 from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
-from .sampler import SamplingParams, make_generator, sample_rows
-from .streams import Stream, check_stream_name, common_prefix, split_incomplete
+from .sampler import SamplingParams, make_generator
+from .streams import Stream, check_stream_name, split_incomplete
 
 
 MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)
@@ -51,26 +52,32 @@ class Engine:
         check_stream_name(name)
         if not isinstance(text, str):
             raise ValueError(f"append takes str, got {type(text).__name__}")
-        s = self.streams.get(name) or Stream.new(name, self.pool)
-        if system and (s.system_chars != len(s.text) or s.region is not None):
+        s = self.streams.get(name) or Stream.new(name, self.pool, IncrementalTokenizer(self.tokenizer))
+        if system and (s.system_chars != s.n_chars or s.region is not None):
             raise ValueError(f"stream {name!r} already holds conversation text or memory; system "
                              "text goes first (append it before anything else)")
-        tok = self._tokenizer_of(s)
-        # a reply that ended inside a character: its bytes join the text now, as U+FFFD
-        flushed = s.tail.decode("utf-8", errors="replace")
-        tok.append(s.pending + flushed + text)  # generated text joins the canonical text here
-        if s.table.slot_end(tok.num_tokens) > self.runner.max_context:
-            n = s.table.slot_end(tok.num_tokens)
-            tok.reset(s.text[:len(s.text) - len(s.pending)])   # undo (error path: a full encode)
-            raise ValueError(f"stream {name!r} would span {n} positions; max_context is "
-                             f"{self.runner.max_context} (raise runtime.max_context)")
-        ids = tok.ids
+        max_context = self.runner.max_context
+
+        def admit(n: int) -> None:   # the tokenizer asks before it changes anything
+            if s.table.slot_end(n) > max_context:
+                raise ValueError(f"stream {name!r} would span {s.table.slot_end(n)} positions; "
+                                 f"max_context is {max_context} (raise runtime.max_context)")
+        canonical = s.tok.num_tokens
+        # a reply that ended inside a character: its bytes join the text now, as U+FFFD; the
+        # generated text joins the canonical text here, re-tokenized with the rest
+        sp = s.tok.append(s.pending + s.tail.decode("utf-8", errors="replace") + text, admit)
+        # the K/V holds (old canonical ids + generated); the ids are now old[:keep] + sp.ids,
+        # keep as large as possible: past the old canonical ids only if the generated ones match
+        keep = sp.keep
+        if keep == canonical and s.generated:
+            keep += common(s.generated, sp.ids)
+        s.table.truncate(keep)          # a re-tokenized seam invalidates the K/V after it
         generated_since = bool(s.pending or s.tail)
         self.streams[name] = s
-        s.table.truncate(common_prefix(s.ids, ids))  # a re-tokenized seam invalidates the K/V after it
-        s.text, s.ids, s.pending, s.tail = s.text + flushed + text, ids, "", b""
+        s.generated.clear()
+        s.pending, s.tail = "", b""
         if system:
-            s.system_chars = len(s.text)
+            s.system_chars = s.tok.num_chars
         else:
             # the user's turn: everything appended since the model last spoke (its reply was
             # pending until this append), e.g. "user: where is it?\n" then "assistant:"
@@ -83,9 +90,9 @@ class Engine:
         ValueError, with nothing changed, if the stream is empty or would not fit max_context."""
         s = self.stream(name)
         if s.region is not None:
-            if not s.ids:
+            if not s.n_ids:
                 raise ValueError(f"stream {name!r} is empty; append text before generating")
-            size, end = s.region.size, s.table.slot_end(len(s.ids))
+            size, end = s.region.size, s.table.slot_end(s.n_ids)
         else:
             _, size, end = self._plan_region(s, region_tokens)
         if end + max_new_tokens > self.runner.max_context:
@@ -130,14 +137,14 @@ class Engine:
     def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
         """(gap_at, size, positions the stream spans then) of a region reserved now, right after
         the system prefix's ids; ValueError if the stream is empty or could not hold it."""
-        if not s.ids:
+        if not s.n_ids:
             raise ValueError(f"stream {s.name!r} is empty; append text before generating")
         gap_at = 0
         if s.system_chars:
-            system_ids = self.tokenizer.encode(s.text[:s.system_chars])
-            gap_at = common_prefix(system_ids, s.ids)
+            system_ids = self.tokenizer.encode(s.tok.text_slice(0, s.system_chars))
+            gap_at = common(system_ids, s.ids_slice(0, len(system_ids)))
         start, size = span(gap_at, region_tokens, self.pool.block_size)
-        end = start + size + len(s.ids) - gap_at
+        end = start + size + s.n_ids - gap_at
         if end > self.runner.max_context:
             raise ValueError(f"stream {s.name!r} with a {region_tokens}-token memory region "
                              f"would span {end} positions; max_context is "
@@ -145,34 +152,15 @@ class Engine:
                              "raise runtime.max_context)")
         return gap_at, size, end
 
-    def _tokenizer_of(self, s: Stream) -> IncrementalTokenizer:
-        """The stream's incremental tokenizer, rebuilt from a capsule's state on first use."""
-        if s.tok is None:
-            canonical = s.text[:len(s.text) - len(s.pending)]
-            if self.tokenizer.normalization == "NFC":
-                canonical = unicodedata.normalize("NFC", canonical)
-            if s.tok_state is not None:
-                try:
-                    s.tok = IncrementalTokenizer.from_state(self.tokenizer, *s.tok_state)
-                except ValueError:
-                    s.tok = None  # damaged or foreign state: one full encode below, still exact
-                if s.tok is not None and s.tok.text != canonical:
-                    s.tok = None
-                s.tok_state = None
-            if s.tok is None:
-                s.tok = IncrementalTokenizer(self.tokenizer)
-                s.tok.reset(canonical)
-        return s.tok
-
     def generate(self, names: Sequence[str], max_new_tokens: int, params: SamplingParams,
                  seed: int | None, stop: Sequence[str]) -> dict[str, str]:
         """Generate up to max_new_tokens for each stream, decoding all of them in one batch per step."""
         streams = [self.stream(n) for n in names]
         for s in streams:  # validate every stream before touching any generator
-            if not s.ids:
+            if not s.n_ids:
                 raise ValueError(f"stream {s.name!r} is empty; append text before generating")
-            if s.table.slot_end(len(s.ids) + max_new_tokens) > self.runner.max_context:
-                raise ValueError(f"stream {s.name!r} spans {s.table.slot_end(len(s.ids))} positions; "
+            if s.table.slot_end(s.n_ids + max_new_tokens) > self.runner.max_context:
+                raise ValueError(f"stream {s.name!r} spans {s.table.slot_end(s.n_ids)} positions; "
                                  f"{max_new_tokens} more exceed max_context {self.runner.max_context}")
         for s in streams:
             self._prepare_generator(s, params, seed)
@@ -188,12 +176,11 @@ class Engine:
             for s in streams:
                 complete, s.tail = split_incomplete(bytes(out[s.name]))
                 texts[s.name] = piece = complete.decode("utf-8", errors="replace")
-                s.text += piece
                 s.pending += piece
         # a session restored from a capsule has not needed the encoder yet: build it while the
         # robot acts on this reply, so the next append does not pay for it
         self.tokenizer.prefetch()
-        return {s.name: _cut_at_stop(texts[s.name], stop, self.tokenizer, s.ids[-1] in eos) for s in streams}
+        return {s.name: _cut_at_stop(texts[s.name], stop, self.tokenizer, s.last_id in eos) for s in streams}
 
     def _generate_loop(self, streams: list[Stream], out: dict[str, bytearray], max_new_tokens: int,
                        params: SamplingParams, stops: list[bytes], eos: set[int]) -> None:
@@ -203,7 +190,7 @@ class Engine:
             picks = self._sample(logits, params, [s.generator for s in active])
             still = []
             for s, (tok, piece) in zip(active, picks):
-                s.ids.append(tok)
+                s.generated.append(tok)      # joins the canonical ids with the next append
                 out[s.name] += piece
                 # a stop string can only newly appear in the tail that this token touched
                 tail = out[s.name][-(len(piece) + max((len(x) for x in stops), default=0)):]
@@ -221,7 +208,7 @@ class Engine:
         vocab = self.tokenizer.vocab_size
         if logits.shape[-1] > vocab:
             logits[:, vocab:] = float("-inf")   # model rows past the tokenizer's ids
-        picks = sample_rows(logits, [params] * len(generators), generators)
+        picks = self.runner.sampler.rows(logits, [params] * len(generators), generators)
         result = []
         for row, tok in enumerate(picks):
             while True:
@@ -230,7 +217,7 @@ class Engine:
                     break
                 except ValueError:  # an unassigned id inside the vocabulary (e.g. cl100k's gaps)
                     logits[row, tok] = float("-inf")
-                    tok = sample_rows(logits[row:row + 1], [params], [generators[row]])[0]
+                    tok = self.runner.sampler.rows(logits[row:row + 1], [params], [generators[row]])[0]
         return result
 
     def _prepare_generator(self, s: Stream, params: SamplingParams, seed: int | None) -> None:
@@ -243,14 +230,15 @@ class Engine:
 
     def _prefill_pending(self, s: Stream) -> torch.Tensor:
         """Logits after the stream's last token, computing K/V for the uncached ids."""
-        if s.table.num_cached >= len(s.ids):
-            s.table.truncate(len(s.ids) - 1)  # recompute the last token to get its logits
-        return self.runner.prefill(s.ids[s.table.num_cached:], s.table)
+        n = s.n_ids
+        if s.table.num_cached >= n:
+            s.table.truncate(n - 1)  # recompute the last token to get its logits
+        return self.runner.prefill(s.ids_slice(s.table.num_cached), s.table)
 
     def _next_row(self, s: Stream) -> DecodeRow:
-        i = len(s.ids) - 1
+        i = s.n_ids - 1
         s.table.ensure_capacity(i + 1)
-        row = DecodeRow(s.ids[-1], s.table.position(i), s.table.slots(i, i + 1)[0],
+        row = DecodeRow(s.last_id, s.table.position(i), s.table.slots(i, i + 1)[0],
                         tuple(s.table.blocks), s.table.skip)
         s.table.num_cached = i + 1
         return row

@@ -4,8 +4,8 @@ All decode inputs live in buffers allocated once and registered in the region re
 step copies the batch into them and replays the bucket's graph (CUDA) or calls the same
 code eagerly over the same buffers (CPU). Nothing in `decode` allocates device memory on
 the graph path, and nothing reads a device value back to the host except the sampler.
-Sampling runs after the graph, on the host-visible logits, with each stream's own
-torch.Generator (host state of the stream, not a static buffer).
+Sampling runs after the graph, on the logits, batched (`self.sampler`), with each stream's
+own torch.Generator (host state of the stream, not a static buffer).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from ..state.regions import RegionRegistry
 from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool, attended_blocks
 from .model import Decoder
+from .sampler import Sampler
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class GraphRunner:
         self.block_tables = torch.full((B, self.max_blocks), SCRATCH_BLOCK, dtype=torch.long,
                                        device=dev)                                     # (B, nb)
         self.logits = torch.zeros(B, V, dtype=model.dtype, device=dev)                 # (B, V)
+        # the sampler's scratch for up to B rows (not state: each stream's generator is)
+        self.sampler = Sampler(B, V, dev)
         # host staging for one step's inputs, reused every step (not state: not registered): one
         # pinned block cut into a contiguous (B,) / (B, nb) part per static buffer, so each upload
         # is one cudaMemcpyAsync from pinned memory (a strided source, e.g. a column of a (B, 3+nb)

@@ -4,6 +4,8 @@ After every call ``ids == reference.encode(text)``. An edit keeps the ids before
 piece boundary ``a`` that the family's rule proves stable (docs/TOKENIZATION.md), re-encodes
 ``text[a:]`` with the reference and splices. The state is the whole text and ids (older parts
 frozen in chunks) plus piece boundaries (char offset, token count) of the last few KB only.
+It is the one copy of a stream's canonical text and ids: read them with ``text_slice`` /
+``ids_slice`` (what was asked for) or ``text`` / ``ids`` (the whole, O(n)).
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from array import array
 from bisect import bisect_right
 from typing import Any, Mapping
 
+from . import incremental_state as state
 from .reference import load_reference
 from .rules import rules_for
 from .shadow import ShadowVerifier
-from .splice import Splice, SpliceRule, common
+from .splice import Admit, Splice, SpliceRule, common, gather
 
 TAIL_KEEP = 8192      # chars of boundary state kept behind the end (older text is frozen)
 FREEZE_AT = 32768     # a tail this long is cut back towards TAIL_KEEP
@@ -36,8 +39,9 @@ class IncrementalTokenizer:
             raise TypeError("reference must be a ReferenceTokenizer (or have encode())")
         self._ref = reference
         self._rules, self.full_reason = rules_for(reference)
-        self._rule = SpliceRule(reference, self._rules) if self._rules else None
+        self._rule_built: SpliceRule | None = None   # built on the first edit (a restore needs none)
         self._full_mode = self._rules is None
+        self._capsule = state.ChunkCache()
         me = weakref.ref(self)
         self._shadow = ShadowVerifier(shadow_reference if shadow_reference is not None
                                       else reference, reference.name, shadow_rate, seed,
@@ -60,17 +64,24 @@ class IncrementalTokenizer:
             tok._full_mode = True
             tok.full_reason = "shadow verifier mismatch"
 
-    # ---- state ----------------------------------------------------------------------------
-
     def _clear(self) -> None:
         self._chunks: list[str] = []
         self._chunk_ids: list[array] = []
-        self._joined, self._joined_n = "", 0
+        self._cpos: list[int] = []  # where each frozen chunk starts: char offset, token count
+        self._ccnt: list[int] = []
+        self._unchecked = False     # a restored tail not yet checked against the reference
         self._before = ""           # the char before the tail ("" at the start of the text)
         self._base = self._base_n = 0
         self._tail = ""
         self._tids: list[int] = []
         self._bpos, self._bcnt = [0], [0]
+
+    @property
+    def _rule(self) -> SpliceRule:
+        if self._rule_built is None:
+            assert self._rules is not None   # callers run only outside full mode
+            self._rule_built = SpliceRule(self._ref, self._rules)
+        return self._rule_built
 
     @property
     def reference(self) -> Any:
@@ -82,24 +93,37 @@ class IncrementalTokenizer:
         return self._full_mode
 
     @property
-    def text(self) -> str:
-        """The whole text (NFC-normalized for NFC families)."""
-        return self._frozen() + self._tail
+    def check_pending(self) -> bool:
+        """True while a restored tail awaits its check (``from_state(deferred=True)``)."""
+        return self._unchecked
 
-    def _frozen(self) -> str:
-        if self._joined_n != len(self._chunks):
-            self._joined += "".join(self._chunks[self._joined_n:])
-            self._joined_n = len(self._chunks)
-        return self._joined
+    @property
+    def text(self) -> str:
+        """The whole text (NFC-normalized for NFC families): O(n), unlike ``text_slice``."""
+        return self.text_slice(0)
 
     @property
     def ids(self) -> list[int]:
-        """A copy of the whole token list (O(n); ``num_tokens`` is O(1))."""
-        return list(itertools.chain(*self._chunk_ids, self._tids))
+        """A copy of the whole token list: O(n), unlike ``ids_slice`` and ``num_tokens``."""
+        return self.ids_slice(0)
 
     @property
     def num_tokens(self) -> int:
         return self._base_n + len(self._tids)
+
+    @property
+    def num_chars(self) -> int:
+        return self._base + len(self._tail)
+
+    def text_slice(self, lo: int, hi: int | None = None) -> str:
+        """``text[lo:hi]`` (0 <= lo), costing what it returns (and a bisect)."""
+        return "".join(gather(self._cpos, self._chunks, self._tail, self._base, lo,
+                               self.num_chars if hi is None else hi))
+
+    def ids_slice(self, lo: int, hi: int | None = None) -> list[int]:
+        """``ids[lo:hi]`` (0 <= lo), costing what it returns (and a bisect)."""
+        return list(itertools.chain(*gather(self._ccnt, self._chunk_ids, self._tids, self._base_n,
+                                             lo, self.num_tokens if hi is None else hi)))
 
     @property
     def stats(self) -> dict[str, int]:
@@ -114,14 +138,14 @@ class IncrementalTokenizer:
         """Wait for pending shadow checks (tests); False on timeout."""
         return self._shadow.flush(timeout)
 
-    # ---- edits ----------------------------------------------------------------------------
-
-    def append(self, text: str) -> Splice:
-        """Append text; the token list becomes ``ids[:keep] + splice.ids``."""
+    def append(self, text: str, admit: Admit = None) -> Splice:
+        """Append text; the token list becomes ``ids[:keep] + splice.ids``. ``admit(n)`` is
+        called with the new token count before anything changes: raising there refuses the
+        append, leaving the text and ids as they were."""
         if not isinstance(text, str):
             raise TypeError(f"append() takes a str, not {type(text).__name__}")
         self._stats["appends"] += 1
-        return self._edit(self._base + len(self._tail), text)
+        return self._edit(self._base + len(self._tail), text, admit)
 
     def replace_tail(self, n_chars: int, text: str) -> Splice:
         """Replace the last ``n_chars`` characters of ``self.text`` with ``text``."""
@@ -138,10 +162,12 @@ class IncrementalTokenizer:
             raise TypeError(f"reset() takes a str, not {type(text).__name__}")
         return self._rebuild(text, count=False)
 
-    def _edit(self, m0: int, new: str) -> Splice:
+    def _edit(self, m0: int, new: str, admit: Admit = None) -> Splice:
+        if self._unchecked and not self._settle():
+            return self._rebuild(self.text_slice(0, m0) + new, admit=admit)
         base, tail, r = self._base, self._tail, self._rules
         if self._full_mode or m0 < base or r is None:
-            return self._rebuild(self._upto(m0) + new)
+            return self._rebuild(self.text_slice(0, m0) + new, admit=admit)
         rel = m0 - base
         if r.nfc:   # normalize from the last point where NFC cannot reach across
             z = tail[:rel] + new
@@ -149,30 +175,34 @@ class IncrementalTokenizer:
             while 0 < lo < len(z) and not self._rule.info.nfc_safe(z[lo - 1], z[lo]):
                 lo -= 1
             if lo == 0 and base > 0:
-                return self._rebuild(self._upto(m0) + new)
+                return self._rebuild(self.text_slice(0, m0) + new, admit=admit)
             t = z[:lo] + unicodedata.normalize("NFC", z[lo:])
         else:
             t, lo = tail[:rel] + new, rel
         m = common(tail, t, lo)   # text before m (tail-relative) is unchanged
         if m == len(t) == len(tail):
+            if admit is not None:
+                admit(self.num_tokens)
             return Splice(self.num_tokens, [])   # nothing changed (an empty append)
         i, widened = self._rule.choose(t, m, self._bpos, base, self._before)
         self._stats["widenings"] += widened
         if i is None:
-            return self._rebuild(self._upto(base) + t)
+            return self._rebuild(self.text_slice(0, base) + t, admit=admit)
         a = self._bpos[i] - base
+        sp = self._window(t, a, self._bcnt[i], i, admit)
         if a == 0 and base == 0 and tail:
             self._stats["fallbacks"] += 1   # no later boundary qualified: a full encode
-        sp = self._window(t, a, self._bcnt[i], i)
         if self._shadow.sample():
             self._shadow.submit((*self._chunks, self._tail),
                                 (*self._chunk_ids, array("I", self._tids)), base + m)
         return sp
 
-    def _window(self, t: str, a: int, cnt_a: int, i: int) -> Splice:
+    def _window(self, t: str, a: int, cnt_a: int, i: int, admit: Admit) -> Splice:
         """Re-encode t[a:] (tail-relative a, token count cnt_a), splice, update boundaries."""
         w = t[a:]
         ids_w = self._ref.encode(w)
+        if admit is not None:
+            admit(cnt_a + len(ids_w))           # before any change: a refusal leaves no trace
         new_b, failed = self._rule.scan(w, ids_w, self._base + a, cnt_a)
         self._stats["check_failures"] += failed
         old = self._tids
@@ -180,6 +210,7 @@ class IncrementalTokenizer:
         extra = common(old[rel_n:], ids_w) if len(old) > rel_n else 0
         del old[rel_n + extra:]
         old.extend(ids_w[extra:])
+        self._capsule.touch(self._base + a, cnt_a + extra)
         del self._bpos[i + 1:], self._bcnt[i + 1:]
         for pos, cnt in new_b:
             self._bpos.append(pos)
@@ -192,31 +223,41 @@ class IncrementalTokenizer:
         self._freeze()
         return Splice(cnt_a + extra, ids_w[extra:])
 
-    def _rebuild(self, text: str, count: bool = True) -> Splice:
+    def _rebuild(self, text: str, count: bool = True, admit: Admit = None) -> Splice:
         """Full reference encode of text; boundaries from a tail encode unless in full mode."""
-        old = self.ids
+        old, old_text = self.ids, self.text
         if self._rules is not None and self._rules.nfc:
             text = unicodedata.normalize("NFC", text)
         ids = self._ref.encode(text)
+        if admit is not None:
+            admit(len(ids))
         self._clear()
         self._tail, self._tids = text, list(ids)
         if count and old:
             self._stats["fallbacks"] += 1
         if not self._full_mode and self._rules is not None:
-            new_b, failed = self._rule.scan(text, ids, 0, 0)
-            self._stats["check_failures"] += failed
-            for pos, cnt in new_b:
-                self._bpos.append(pos)
-                self._bcnt.append(cnt)
+            self._scan_tail()
         keep = common(old, ids)
+        self._capsule.touch(common(old_text, text), keep)
         self._freeze()
         return Splice(keep, list(ids[keep:]))
 
-    def _upto(self, m0: int) -> str:
-        """text[:m0] (materializes frozen chunks when m0 reaches into them)."""
-        if m0 >= self._base:
-            return self._frozen() + self._tail[:m0 - self._base]
-        return self._frozen()[:m0]
+    def _settle(self) -> bool:
+        """A restored state's first edit: are its tail ids the reference's (O(tail))? Then its
+        boundaries are recomputed; False: the caller re-encodes the whole text (exact)."""
+        if not (self._full_mode or self._rules is None):
+            if list(self._ref.encode(self._tail)) != self._tids:
+                return False     # still unchecked: a refused rebuild leaves it so (_clear clears)
+            self._scan_tail()
+        self._unchecked = False
+        return True
+
+    def _scan_tail(self) -> None:
+        new_b, failed = self._rule.scan(self._tail, self._tids, self._base, self._base_n)
+        self._stats["check_failures"] += failed
+        for pos, cnt in new_b:
+            self._bpos.append(pos)
+            self._bcnt.append(cnt)
 
     def _freeze(self) -> None:
         if len(self._tail) <= FREEZE_AT:
@@ -228,6 +269,8 @@ class IncrementalTokenizer:
         if j <= 0:
             return
         cut, ncut = bpos[j] - self._base, self._bcnt[j] - self._base_n
+        self._cpos.append(self._base)
+        self._ccnt.append(self._base_n)
         self._chunks.append(self._tail[:cut])
         self._chunk_ids.append(array("I", self._tids[:ncut]))
         self._before = self._tail[cut - 1]
@@ -236,21 +279,44 @@ class IncrementalTokenizer:
         self._base, self._base_n = bpos[j], self._bcnt[j]
         del bpos[:j], self._bcnt[:j]
 
-    # ---- capsules ---------------------------------------------------------------------------
-
     def state_dict(self) -> tuple[dict, dict[str, bytes]]:
-        """(JSON-able meta, named byte blobs): everything ``from_state`` needs; no pickle."""
-        from .incremental_state import dump
-        return dump(self)
+        """(JSON-able meta, named byte blobs): everything ``from_state`` needs; no pickle. The
+        text and ids go out as chunks (incremental_state): only those an edit reached since
+        the last call are serialized again."""
+        meta = state.meta(self._ref, self.num_chars, self.num_tokens, (self._base, self._base_n),
+                          self._full_mode, self._shadow.rate, self._stats)
+        return meta, state.chunk_blobs(self.text_slice, self.ids_slice, self.num_chars,
+                                       self.num_tokens, self._capsule)
 
     @classmethod
     def from_state(cls, tokenizer: Any, meta: Mapping[str, Any], blobs: Mapping[str, bytes], *,
-                   verify: bool = False, shadow_rate: float | None = None
-                   ) -> "IncrementalTokenizer":
+                   verify: bool = False, shadow_rate: float | None = None,
+                   deferred: bool = False) -> "IncrementalTokenizer":
         """Restore ``state_dict()`` output; ValueError on anything malformed or mismatched.
 
-        The tail is re-checked against the reference (O(tail)); ``verify=True`` re-encodes
-        the whole text too.
+        The tail is re-checked against the reference (O(tail)); ``verify=True`` re-encodes the
+        whole text too. ``deferred=True`` leaves the tail check to the first edit (a restore
+        then needs no encoder); if it fails there, that edit re-encodes the whole text once.
         """
-        from .incremental_state import load
-        return load(cls, tokenizer, meta, blobs, verify=verify, shadow_rate=shadow_rate)
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = load_reference(tokenizer)
+        saved = state.parse(tokenizer, meta, blobs, verify)
+        tok = cls(tokenizer, shadow_rate=saved.shadow_rate if shadow_rate is None else shadow_rate)
+        text, ids = saved.text, saved.ids
+        if tok._rules is not None and tok._rules.nfc and not unicodedata.is_normalized("NFC", text):
+            raise ValueError("tokenizer state text is not NFC-normalized, as this family's is")
+        tok._stats.update(saved.stats)
+        b0, c0 = (0, 0) if saved.full_mode or tok._full_mode else saved.base
+        if b0:   # one frozen chunk before the tail's first boundary
+            tok._chunks, tok._chunk_ids, tok._cpos, tok._ccnt = [text[:b0]], [ids[:c0]], [0], [0]
+            tok._before = text[b0 - 1]
+        tok._base, tok._base_n, tok._tail, tok._tids = b0, c0, text[b0:], ids[c0:].tolist()
+        tok._bpos, tok._bcnt, tok._capsule = [b0], [c0], saved.cache
+        if saved.full_mode:
+            tok._full_mode, tok.full_reason = True, "restored in full mode"
+        elif deferred:
+            tok._unchecked = not tok._full_mode
+        elif not tok._settle():
+            raise ValueError("tokenizer state ids differ from the reference on the text's tail")
+        tok._freeze()
+        return tok

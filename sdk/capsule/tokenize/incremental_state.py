@@ -1,29 +1,48 @@
-"""IncrementalTokenizer state as (JSON-able meta, byte blobs), and its validated restore.
+"""IncrementalTokenizer state as (JSON-able meta, byte blobs), and its validated parse.
 
-Blobs: ``text`` (UTF-8), ``ids`` (uint32 little-endian), ``boundaries`` (uint64 little-endian
-pairs: char offset, token count). A restore trusts nothing it can check cheaply: types, sizes,
-ranges, the vocabulary's fingerprint, NFC form, and the tail's ids against the reference.
+The text and ids are written once, as fixed-size chunks at absolute offsets plus the last,
+partial chunk: blobs ``text/<k>`` (chars ``k*CHUNK_CHARS`` on, UTF-8) and ``ids/<k>`` (ids
+``k*CHUNK_IDS`` on, uint32 little-endian: one 4 KiB host page each), then ``text`` and ``ids``
+(what is left). An edit changes only the chunks from its seam on, so a capsule's pages change
+only there; ``ChunkCache`` keeps the bytes of complete chunks no edit touched since, so a
+checkpoint serializes only what changed. The only boundary kept is the tail's start (meta
+``base``); the boundaries after it are recomputed on restore, never trusted. A parse trusts
+nothing it can check cheaply: types, sizes, ranges, the vocabulary's fingerprint, the layout.
 """
 from __future__ import annotations
 
-import os
 import sys
-import unicodedata
 from array import array
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-FORMAT = "capsule.tokenize.incremental/1"
-_STATS = ("appends", "windows", "widenings", "fallbacks", "check_failures", "window_chars")
+FORMAT = "capsule.tokenize.incremental/2"
+CHUNK_IDS = 1024      # ids per chunk: 4 KiB, one host page of a capsule
+CHUNK_CHARS = 4096    # chars per text chunk: one page of ASCII
+STATS = ("appends", "windows", "widenings", "fallbacks", "check_failures", "window_chars")
 
 
-def _le(a: array) -> bytes:
+class ChunkCache:
+    """Bytes of the complete chunks no edit touched since they were serialized."""
+
+    def __init__(self) -> None:
+        self.text: list[bytes] = []
+        self.ids: list[bytes] = []
+
+    def touch(self, char: int, token: int) -> None:
+        """Text from ``char`` on and ids from ``token`` on changed."""
+        del self.text[max(0, char) // CHUNK_CHARS:]
+        del self.ids[max(0, token) // CHUNK_IDS:]
+
+
+def le(a: array) -> bytes:
     if sys.byteorder == "big":
         a = array(a.typecode, a)
         a.byteswap()
     return a.tobytes()
 
 
-def _from_le(code: str, data: Any, what: str) -> array:
+def from_le(code: str, data: Any, what: str) -> array:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"tokenizer state blob {what!r} must be bytes, not {type(data).__name__}")
     a = array(code)
@@ -36,22 +55,43 @@ def _from_le(code: str, data: Any, what: str) -> array:
     return a
 
 
-def dump(tok: Any) -> tuple[dict, dict[str, bytes]]:
-    ids = array("I")
-    for c in tok._chunk_ids:
-        ids.extend(c)
-    ids.extend(tok._tids)
-    bounds = array("Q")
-    for pos, cnt in zip(tok._bpos, tok._bcnt):
-        bounds.extend((pos, cnt))
-    text = tok.text
-    meta = {"format": FORMAT, "tokenizer": tok.reference.name,
-            "fingerprint": tok.reference.fingerprint, "chars": len(text), "tokens": len(ids),
-            "full_mode": bool(tok._full_mode), "shadow_rate": tok._shadow.rate,
-            "stats": {k: int(tok._stats[k]) for k in _STATS}}
-    blobs = {"text": text.encode("utf-8", "surrogatepass"), "ids": _le(ids),
-             "boundaries": _le(bounds)}
-    return meta, blobs
+def meta(ref: Any, chars: int, tokens: int, base: tuple[int, int], full_mode: bool, rate: float,
+         stats: Mapping[str, int]) -> dict:
+    """The JSON-able half of a state (``parse`` reads it back)."""
+    return {"format": FORMAT, "tokenizer": ref.name, "fingerprint": ref.fingerprint,
+            "chars": chars, "tokens": tokens, "chunk_chars": CHUNK_CHARS, "chunk_ids": CHUNK_IDS,
+            "base": list(base), "full_mode": bool(full_mode), "shadow_rate": rate,
+            "stats": {k: int(stats[k]) for k in STATS}}
+
+
+def chunk_blobs(text_slice: Callable[[int, int], str], ids_slice: Callable[[int, int], list[int]],
+                n_chars: int, n_tokens: int, cache: ChunkCache) -> dict[str, bytes]:
+    """The text and ids as chunk blobs; complete chunks come from (and go into) the cache."""
+    blobs: dict[str, bytes] = {}
+    for name, cached, size, total, make in (
+            ("text", cache.text, CHUNK_CHARS, n_chars,
+             lambda lo, hi: text_slice(lo, hi).encode("utf-8", "surrogatepass")),
+            ("ids", cache.ids, CHUNK_IDS, n_tokens, lambda lo, hi: le(array("I", ids_slice(lo, hi))))):
+        full = total // size
+        del cached[full:]
+        for k in range(len(cached), full):      # only chunks an edit reached since
+            cached.append(make(k * size, (k + 1) * size))
+        for k, blob in enumerate(cached):
+            blobs[f"{name}/{k}"] = blob
+        blobs[name] = make(full * size, total)
+    return blobs
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A parsed, checked state (the tail's ids are checked against the reference later)."""
+    text: str
+    ids: array
+    base: tuple[int, int]            # (char offset, token count) of the tail's first boundary
+    full_mode: bool
+    shadow_rate: Any
+    stats: dict[str, int]
+    cache: ChunkCache                # the complete chunks' bytes, as read
 
 
 def _int(meta: Mapping[str, Any], key: str) -> int:
@@ -61,11 +101,10 @@ def _int(meta: Mapping[str, Any], key: str) -> int:
     return v
 
 
-def load(cls: Any, tokenizer: Any, meta: Mapping[str, Any], blobs: Mapping[str, Any], *,
-         verify: bool, shadow_rate: float | None) -> Any:
-    from .reference import load_reference
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_reference(tokenizer)
+def parse(tokenizer: Any, meta: Mapping[str, Any], blobs: Mapping[str, Any],
+          verify: bool = False) -> Saved:
+    """Check a state against ``tokenizer`` (a ReferenceTokenizer); ValueError naming what is off.
+    verify: the whole text's reference ids must be the saved ones (O(n))."""
     if not isinstance(meta, Mapping) or not isinstance(blobs, Mapping):
         raise ValueError("tokenizer state must be a (meta dict, blobs dict) pair")
     if meta.get("format") != FORMAT:
@@ -76,59 +115,59 @@ def load(cls: Any, tokenizer: Any, meta: Mapping[str, Any], blobs: Mapping[str, 
                          f"(fingerprint {str(fp)[:16]}...), not {tokenizer.name!r} "
                          f"({tokenizer.fingerprint[:16]}...)")
     n_chars, n_tokens = _int(meta, "chars"), _int(meta, "tokens")
+    if meta.get("chunk_chars") != CHUNK_CHARS or meta.get("chunk_ids") != CHUNK_IDS:
+        raise ValueError(f"tokenizer state chunks are {meta.get('chunk_chars')!r} chars / "
+                         f"{meta.get('chunk_ids')!r} ids, not {CHUNK_CHARS} / {CHUNK_IDS}")
     full = meta.get("full_mode", False)
     if not isinstance(full, bool):
         raise ValueError(f"tokenizer state meta 'full_mode' must be a bool, not {full!r}")
-    rate = meta.get("shadow_rate", 0.01) if shadow_rate is None else shadow_rate
-    raw = blobs.get("text")
-    if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise ValueError("tokenizer state blob 'text' must be bytes")
-    try:
-        text = bytes(raw).decode("utf-8", "surrogatepass")   # tiktoken accepts lone ones
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"tokenizer state text is not valid UTF-8: {exc}") from exc
-    ids = _from_le("I", blobs.get("ids"), "ids")
-    b = _from_le("Q", blobs.get("boundaries"), "boundaries")
-    if len(text) != n_chars or len(ids) != n_tokens:
-        raise ValueError(f"tokenizer state holds {len(text)} chars and {len(ids)} ids; its meta "
-                         f"says {n_chars} and {n_tokens}")
+    base = meta.get("base")
+    if not (isinstance(base, list) and len(base) == 2 and all(type(x) is int for x in base)) \
+            or not (0 <= base[0] <= n_chars and 0 <= base[1] <= n_tokens) or (base[0] == 0) != (base[1] == 0):
+        raise ValueError(f"tokenizer state meta 'base' {str(base)[:40]} is not a (char offset, "
+                         "token count) pair inside the text")
+    n_tc, n_ic = n_chars // CHUNK_CHARS, n_tokens // CHUNK_IDS
+    expected = {"text", "ids", *(f"text/{k}" for k in range(n_tc)), *(f"ids/{k}" for k in range(n_ic))}
+    if set(blobs) != expected:
+        odd = sorted(set(blobs) ^ expected)[:3]
+        raise ValueError(f"tokenizer state blobs do not match its {n_chars} chars and {n_tokens} "
+                         f"ids in chunks: {odd} missing or unexpected")
+    cache = ChunkCache()
+    parts = []
+    for k in range(n_tc + 1):
+        raw = blobs[f"text/{k}" if k < n_tc else "text"]
+        if not isinstance(raw, (bytes, bytearray, memoryview)):
+            raise ValueError("tokenizer state text blobs must be bytes")
+        try:
+            part = bytes(raw).decode("utf-8", "surrogatepass")   # tiktoken accepts lone ones
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"tokenizer state text is not valid UTF-8: {exc}") from exc
+        if len(part) != (CHUNK_CHARS if k < n_tc else n_chars - n_tc * CHUNK_CHARS):
+            raise ValueError(f"tokenizer state text chunk {k} holds {len(part)} chars; the meta's "
+                             f"{n_chars} chars need another size")
+        parts.append(part)
+        if k < n_tc:
+            cache.text.append(bytes(raw))
+    text = "".join(parts)
+    del parts
+    ids = array("I")
+    for k in range(n_ic + 1):
+        key = f"ids/{k}" if k < n_ic else "ids"
+        part = from_le("I", blobs[key], key)
+        if len(part) != (CHUNK_IDS if k < n_ic else n_tokens - n_ic * CHUNK_IDS):
+            raise ValueError(f"tokenizer state ids chunk {k} holds {len(part)} ids; the meta's "
+                             f"{n_tokens} ids need another size")
+        ids.extend(part)
+        if k < n_ic:
+            cache.ids.append(bytes(blobs[key]))
     max_id = getattr(tokenizer, "max_id", None)
     if ids and max_id is not None and max(ids) > max_id:
         raise ValueError(f"tokenizer state holds id {max(ids)} > the vocabulary's {max_id}")
-    bpos, bcnt = list(b[0::2]), list(b[1::2])
-    if not bpos or len(bpos) != len(bcnt) or any(x >= y for x, y in zip(bpos, bpos[1:])) \
-            or any(x >= y for x, y in zip(bcnt, bcnt[1:])) \
-            or bpos[-1] > n_chars or bcnt[-1] > n_tokens or (bpos[0] == 0) != (bcnt[0] == 0):
-        raise ValueError("tokenizer state boundaries are not increasing (offset, count) pairs "
-                         "inside the text")
-    tok = cls(tokenizer, shadow_rate=rate)
-    if tok._rules is not None and tok._rules.nfc and not unicodedata.is_normalized("NFC", text):
-        raise ValueError("tokenizer state text is not NFC-normalized, as this family's is")
-    stats = meta.get("stats", {})
-    if isinstance(stats, Mapping):
-        for k in _STATS:
-            v = stats.get(k, 0)
-            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                tok._stats[k] = v
     if verify and list(tokenizer.encode(text)) != ids.tolist():
         raise ValueError("tokenizer state ids differ from the reference on its text")
-    b0, c0 = (0, 0) if full or tok._full_mode else (bpos[0], bcnt[0])
-    tail, tids = text[b0:], ids[c0:].tolist()
-    if not (full or tok._full_mode) and list(tokenizer.encode(tail)) != tids:
-        raise ValueError("tokenizer state ids differ from the reference on the text's tail")
-    if b0:
-        tok._chunks, tok._chunk_ids = [text[:b0]], [ids[:c0]]
-        tok._before = text[b0 - 1]
-    tok._base, tok._base_n, tok._tail, tok._tids = b0, c0, tail, tids
-    tok._bpos, tok._bcnt = [b0], [c0]
-    if full:
-        tok._full_mode = True
-        tok.full_reason = "restored in full mode"
-    elif not tok._full_mode:   # boundaries past b0 are recomputed, not trusted
-        new_b, failed = tok._rule.scan(tail, tids, b0, c0)
-        tok._stats["check_failures"] += failed
-        for pos, cnt in new_b:
-            tok._bpos.append(pos)
-            tok._bcnt.append(cnt)
-    tok._freeze()
-    return tok
+    stats: dict[str, int] = {}
+    got = meta.get("stats", {})
+    if isinstance(got, Mapping):
+        stats = {k: v for k in STATS if type(v := got.get(k, 0)) is int and v >= 0}
+    return Saved(text, ids, (base[0], base[1]), full, meta.get("shadow_rate", 0.01),
+                 stats, cache)

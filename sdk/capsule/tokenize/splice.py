@@ -16,9 +16,9 @@ For NFC families ``a`` must also be a point where NFC cannot reach across.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from .pieces import PieceScanner
 from .rules import CharInfo, Rules
@@ -35,6 +35,10 @@ class Splice:
     ids: list[int]
 
 
+# admit(n): called with an edit's new token count before anything changes; raise to refuse it
+Admit = Callable[[int], None] | None
+
+
 def common(a: Any, b: Any, lo: int = 0) -> int:
     """Length of the common prefix of two sequences, known equal up to ``lo``."""
     n = min(len(a), len(b))
@@ -47,6 +51,22 @@ def common(a: Any, b: Any, lo: int = 0) -> int:
             return lo
         lo, step = hi, step * 2
     return n
+
+
+def gather(starts: list[int], parts: Sequence[Sequence[Any]], tail: Sequence[Any], base: int,
+           lo: int, hi: int) -> list[Sequence[Any]]:
+    """The pieces of ``parts + [tail]`` covering positions lo..hi-1 of their concatenation,
+    where ``parts[j]`` starts at ``starts[j]`` and ``tail`` at ``base`` (frozen chunks and the
+    tail of a text or of its ids): O(what is returned), plus a bisect."""
+    out: list[Sequence[Any]] = []
+    if lo < base and hi > lo:
+        j = max(0, bisect_right(starts, lo) - 1)
+        while j < len(parts) and starts[j] < hi:
+            out.append(parts[j][max(0, lo - starts[j]):hi - starts[j]])
+            j += 1
+    if hi > base:
+        out.append(tail[max(0, lo - base):hi - base])
+    return out
 
 
 class SpliceRule:
