@@ -66,18 +66,18 @@ def test_memory_reencode_cli(tmp_path, capsys):
     with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
         for t in FACTS:
             s.remember(t)
-        tiny_fp = s._memory.fingerprint
+        tiny_fp = s.memory.fingerprint
     argv = ["memory", "reencode", str(store), "--model", "builtin:small", "--device", "cpu"]
     assert main(argv) == 0
     assert "re-encoded 3 of 3 fact(s)" in capsys.readouterr().out
     assert main(argv) == 0                              # nothing left to do
     assert "re-encoded 0 of 3 fact(s)" in capsys.readouterr().out
     with Session.open(store, model="builtin:small", device="cpu", memory={"embedder": None}) as s:
-        infos = s._store.facts()
-        assert {i.fingerprint for i in infos} == {s._memory.fingerprint} != {tiny_fp}
+        infos = s.store.facts()
+        assert {i.fingerprint for i in infos} == {s.memory.fingerprint} != {tiny_fp}
         s.append("user: where is the charger?\nassistant:")
         s.generate(2, memory_k=2)                       # the re-encoded K/V fit the small model
-        assert len(s._engine.streams["main"].region.facts) == 2
+        assert len(s.engine.streams["main"].region.facts) == 2
 
 
 def test_memory_reencode_repairs_a_damaged_fact(tmp_path, capsys):
@@ -92,7 +92,7 @@ def test_memory_reencode_repairs_a_damaged_fact(tmp_path, capsys):
     assert main(argv) == 0
     assert "re-encoded 1 of 3 fact(s)" in capsys.readouterr().out
     with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
-        assert all(s._memory.kv(f) is not None for f in ids)
+        assert all(s.memory.kv(f) is not None for f in ids)
     # the model is never guessed: a store's facts are for the model you name
     assert main(["memory", "reencode", str(store)]) == 2     # a usage error
     assert "--model" in capsys.readouterr().err

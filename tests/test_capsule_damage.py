@@ -98,4 +98,4 @@ def test_a_damaged_segment_header_is_not_written_after(tmp_path):
                       memory={"embedder": None}) as s:
         assert s.tokens() == tokens
         assert [f.id for f in s.recall("green mat wet", 1)] == [fid]
-        assert s._memory.kv(fid) is not None          # its K/V record reads back
+        assert s.memory.kv(fid) is not None          # its K/V record reads back

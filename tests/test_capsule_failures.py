@@ -33,7 +33,7 @@ def test_background_write_failure_is_raised_and_the_next_epoch_is_complete(tmp_p
         s.generate(2)
         s.checkpoint(wait=False)
         s.flush()
-        _fail_once(s._store, "stage_epoch", StoreIOError("injected: no space left on device"))
+        _fail_once(s.store, "stage_epoch", StoreIOError("injected: no space left on device"))
         s.generate(20)
         s.checkpoint(wait=False)                  # fails on the writer thread
         with pytest.raises(StoreError, match="no space left") as err:
@@ -44,7 +44,7 @@ def test_background_write_failure_is_raised_and_the_next_epoch_is_complete(tmp_p
         assert epoch == 2 and s.epochs()[-1].base == 0
         want = s.tokens()
         want_kv = s.registry["kv_pool"].tensor.clone()
-        blocks = list(s._engine.stream("main").table.blocks)
+        blocks = list(s.engine.stream("main").table.blocks)
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         assert s.restored_epoch == 2 and s.tokens() == want
         kv = s.registry["kv_pool"].tensor
@@ -57,11 +57,11 @@ def test_a_failed_capture_does_not_lose_dirty_blocks(tmp_path):
         s.generate(2)
         s.checkpoint()
         s.generate(40)                            # dirties new blocks
-        _fail_once(s._ckpt.snap, "capture", MemoryError("injected"))
+        _fail_once(s.checkpointer.snap, "capture", MemoryError("injected"))
         with pytest.raises(MemoryError):
             s.checkpoint()
         s.checkpoint()
-        blocks = list(s._engine.stream("main").table.blocks)
+        blocks = list(s.engine.stream("main").table.blocks)
         want_kv = s.registry["kv_pool"].tensor[blocks].clone()
         want = s.tokens()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
@@ -87,7 +87,7 @@ def test_a_failing_step_keeps_ids_and_text_together(tmp_path):
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         s.append(TEXT)
         n0 = len(s.tokens())
-        runner = s._engine.runner
+        runner = s.engine.runner
         real, calls = runner.decode, []
 
         def flaky(rows):
@@ -106,7 +106,7 @@ def test_a_failing_step_keeps_ids_and_text_together(tmp_path):
 def test_unassigned_vocabulary_ids_are_never_sampled(tmp_path):
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         s.append("x")
-        runner = s._engine.runner
+        runner = s.engine.runner
         real = runner.decode
 
         def biased(rows):
@@ -127,11 +127,11 @@ def test_rejected_append_leaves_no_stream_and_rejected_generate_keeps_generators
             s.append("x", stream="n" * 300)
         s.append("a", stream="a")
         s.generate(2, stream="a", temperature=1.0, seed=1)
-        state = s._engine.stream("a").generator.get_state()
+        state = s.engine.stream("a").generator.get_state()
         s.append("word " * 300, stream="b")        # a fits 800 more tokens, b does not
         with pytest.raises(ValueError, match="max_context"):
             s.generate(800, stream=["a", "b"], temperature=1.0, seed=2)
-        assert torch.equal(s._engine.stream("a").generator.get_state(), state)
+        assert torch.equal(s.engine.stream("a").generator.get_state(), state)
         for bad in ("1", 2**70, -1, True):
             with pytest.raises(ValueError, match="seed"):
                 s.generate(1, stream="a", seed=bad)

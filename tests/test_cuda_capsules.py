@@ -12,7 +12,7 @@ RT = {"kv_pool_mb": 64, "max_context": 2048, "dtype": "float32", "cuda_graphs": 
 
 def test_graph_replay_after_in_place_restore_equals_uninterrupted(tmp_path):
     with Session.open(tmp_path / "s", device="cuda", runtime=RT) as s:
-        runner = s._engine.runner
+        runner = s.engine.runner
         assert runner.uses_graphs
         s.append("user: bring me the red cup\n" * 20)
         s.append("hi", stream="b")

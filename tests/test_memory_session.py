@@ -23,9 +23,9 @@ def _open(path, **kw):
 
 
 def _region_kv(s, name="main"):
-    st = s._engine.streams[name]
+    st = s.engine.streams[name]
     r = st.region
-    pool, bs = s._engine.pool, s._engine.pool.block_size
+    pool, bs = s.engine.pool, s.engine.pool.block_size
     out = []
     for _, pos, n in r.facts:
         for p in range(pos, pos + n):
@@ -44,14 +44,14 @@ def test_injection_equals_block_diagonal_prefill(tmp_path):
             a.remember(t)
         _conversation(a)
         got = a.generate(12, memory_k=3)
-        region = a._engine.streams["main"].region
+        region = a.engine.streams["main"].region
         assert len(region.facts) == 3 and region.start % 16 == 0
         kv_injected = _region_kv(a)
         texts = {f: t for f, t in zip(range(1, 6), FACTS)}
         layout = list(region.facts)
     with _open(tmp_path / "b") as b:
         _conversation(b)
-        eng = b._engine
+        eng = b.engine
         eng.fill_memory("main", [], 512)            # the same (empty) region, all holes
         st = eng.streams["main"]
         model, pool = eng.runner.model, eng.pool
@@ -83,11 +83,11 @@ def test_eager_decode_leaves_out_empty_region_blocks_with_the_same_logits(tmp_pa
             s.remember(t)
         _conversation(s)
         s.generate(3, memory_k=2)
-        eng = s._engine
+        eng = s.engine
         st = eng.streams["main"]
         lo, hi = st.table.skip
         assert hi - lo >= 10                       # most of the 16 region blocks hold no fact
-        row = eng._next_row(st)
+        row = eng.next_row(st)
         with torch.inference_mode():
             skipping = eng.runner._skipping_tables([row], 1)
             assert skipping is not None and skipping[0].shape[1] == len(st.table.blocks) - (hi - lo)
@@ -96,7 +96,7 @@ def test_eager_decode_leaves_out_empty_region_blocks_with_the_same_logits(tmp_pa
             # a second stream without a region in the same batch: padding keeps it exact too
             s.append("user: hello", stream="other")
             eng._prefill_pending(eng.streams["other"])
-            other = eng._next_row(eng.streams["other"])
+            other = eng.next_row(eng.streams["other"])
             both = eng.runner.decode([row, other]).clone()
             alone = eng.runner.decode([other]).clone()
     assert torch.allclose(short, full, atol=1e-5, rtol=0)
@@ -112,16 +112,16 @@ def test_changing_memory_keeps_the_conversation_kv(tmp_path):
         s.append(" Please answer after checking the map of the warehouse, the shelves and the"
                  " docking bays one by one, and tell me which bay it is in.")
         s.generate(4, memory_k=1)
-        st = s._engine.streams["main"]
+        st = s.engine.streams["main"]
         first = st.region.fact_ids
         pinned = st.table.pinned
         conv_blocks = list(st.table.blocks[pinned:])
-        before = s._engine.pool.tensor[conv_blocks].clone()
+        before = s.engine.pool.tensor[conv_blocks].clone()
         n_cached = st.table.num_cached
         s.append(" user: is the red cup fragile?")
         s.generate(1, memory_k=1)
         assert st.region.fact_ids != first
-        after = s._engine.pool.tensor[conv_blocks]
+        after = s.engine.pool.tensor[conv_blocks]
         # whole blocks of K/V cached before the memory changed are bit-identical (the last,
         # partial one is rewritten from the append's seam on)
         whole = (st.table.position(n_cached - 1) + 1) // 16 - pinned
@@ -142,7 +142,7 @@ def test_facts_persist_across_processes_and_forget(tmp_path):
             assert s.recall("spare batteries", k=1)[0].id == {ids[4]}
             s.append("user: where is the charger?")
             s.generate(2, memory_k=2)
-            assert {ids[1]} in s._engine.streams["main"].region.fact_ids
+            assert {ids[1]} in s.engine.streams["main"].region.fact_ids
             s.forget({ids[1]})
             assert all(f.id != {ids[1]} for f in s.recall("charger bay", k=5))
             print("ok")
@@ -151,7 +151,7 @@ def test_facts_persist_across_processes_and_forget(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     with _open(path) as s:
         assert [f.id for f in s.recall("charger", k=5)] == []
-        assert s._memory.count() == 4
+        assert s.memory.count() == 4
 
 
 def test_capsule_restore_brings_back_the_injected_set(tmp_path):
@@ -161,12 +161,12 @@ def test_capsule_restore_brings_back_the_injected_set(tmp_path):
             s.remember(t)
         _conversation(s)
         s.generate(3, memory_k=2)
-        facts = list(s._engine.streams["main"].region.facts)
+        facts = list(s.engine.streams["main"].region.facts)
         kv = _region_kv(s)
         s.checkpoint()
         nxt = s.generate(6)
     with _open(path) as s:
-        assert s._engine.streams["main"].region.facts == facts
+        assert s.engine.streams["main"].region.facts == facts
         assert torch.equal(_region_kv(s), kv)
         assert s.generate(6) == nxt
 
@@ -176,7 +176,7 @@ def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
         ids = [s.remember(t) for t in FACTS]
         _conversation(s)
         s.generate(2, memory_k=3)
-        st = s._engine.streams["main"]
+        st = s.engine.streams["main"]
         injected = st.region.fact_ids
         s.checkpoint()
         gone = injected[0]
@@ -184,17 +184,17 @@ def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
         s.forget(gone)                                  # at once: the other facts stay, packed
         assert st.region.fact_ids == injected[1:]
         assert st.region.facts[0][1] == st.region.start
-        pool, bs = s._engine.pool, s._engine.pool.block_size
+        pool, bs = s.engine.pool, s.engine.pool.block_size
         freed = [pool.tensor[st.table.blocks[p // bs], :, :, p % bs] for p in range(st.region.used_end, old_end)]
         assert freed and all(t.abs().sum() == 0 for t in freed)   # its bytes left the pool too
         s.rollback(1)                                   # the capsule still holds it: dropped again
-        assert s._engine.streams["main"].region.fact_ids == injected[1:]
+        assert s.engine.streams["main"].region.fact_ids == injected[1:]
         s.clear_memory()
-        assert s._engine.streams["main"].region.facts == []
+        assert s.engine.streams["main"].region.facts == []
         with pytest.raises(KeyError):
             s.clear_memory("nope")
     with _open(tmp_path / "s") as s:                   # a restore at open drops it too
-        assert s._engine.streams["main"].region.fact_ids == injected[1:]
+        assert s.engine.streams["main"].region.fact_ids == injected[1:]
         assert gone not in {f.id for f in s.recall("charger bay red cup tea", 5)}
         assert set(ids) - {gone} >= set(injected[1:])
 
@@ -205,12 +205,12 @@ def test_region_blocks_not_written_by_the_first_fill_are_zeroed(tmp_path):
     with _open(tmp_path / "s") as s:
         for t in FACTS:
             s.remember(t)
-        pool = s._engine.pool
+        pool = s.engine.pool
         free = torch.tensor(sorted(pool._free))
         pool.tensor[free] = float("nan")                  # stale garbage in every free block
         _conversation(s)
         s.generate(2, memory_k=5)
-        st = s._engine.streams["main"]
+        st = s.engine.streams["main"]
         r, bs = st.region, pool.block_size
         region_blocks = pool.tensor[st.table.blocks[r.start // bs:(r.start + r.size) // bs]]
         assert not torch.isnan(region_blocks).any()
@@ -229,7 +229,7 @@ def test_region_blocks_not_written_by_the_first_fill_are_zeroed(tmp_path):
                 s.generate(1, stream="b", memory_k=5)
         finally:
             engine_mod.fill = real
-        b = s._engine.streams["b"]
+        b = s.engine.streams["b"]
         assert b.region is not None and len(s.recall(s.text("b"), 5)) == 5   # it had 5 facts to write
         assert not torch.isnan(pool.tensor[b.table.blocks]).any()
 
@@ -282,7 +282,7 @@ def test_facts_that_do_not_fit_give_their_place_to_the_next(tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             s.generate(1, memory_k=3)                     # 3 long facts would need ~120 positions
-        region = s._engine.streams["main"].region
+        region = s.engine.streams["main"].region
         assert short in region.fact_ids and 1 <= len(region.facts) < 3
         assert sum(n for _, _, n in region.facts) <= 64
         assert any("did not fit" in str(w.message) for w in caught)
@@ -295,13 +295,13 @@ def test_a_failed_memory_generate_changes_no_stream(tmp_path):
             s.remember(t)
         s.append("user: where is the charger?", stream="a")
         s.generate(1, stream="a", memory_k=2)
-        before = list(s._engine.streams["a"].region.facts)
+        before = list(s.engine.streams["a"].region.facts)
         s.append("", stream="empty")
         s.append("user: who is Rex?", stream="a")
         with pytest.raises(ValueError, match="empty"):
             s.generate(1, stream=["a", "empty"], memory_k=1)
-        assert s._engine.streams["a"].region.facts == before
-        assert s._engine.streams["empty"].region is None
+        assert s.engine.streams["a"].region.facts == before
+        assert s.engine.streams["empty"].region is None
         s.append("system: you are a robot.\n", stream="empty", system=True)   # still allowed
 
 
@@ -312,18 +312,18 @@ def test_a_memory_generate_that_cannot_fit_changes_nothing(tmp_path):
             s.remember(t)
         s.append("user: where is the charger? " + "please hurry, " * 110)   # ~370 tokens
         s.generate(1)
-        st = s._engine.streams["main"]
+        st = s.engine.streams["main"]
         cached, blocks = st.table.num_cached, list(st.table.blocks)
         with pytest.raises(ValueError, match="exceed max_context"):
             s.generate(300, memory_k=1)                  # 512 region + 370 + 300 > 1024
         assert st.region is None and st.table.num_cached == cached and st.table.blocks == blocks
-        free = s._engine.pool.free_blocks
+        free = s.engine.pool.free_blocks
         s.append("user: is the red cup fragile?", stream="b")
         from capsule import CapacityError
         with pytest.raises(CapacityError, match="KV pool is full"):   # two 512-position regions
             s.generate(1, stream=["main", "b"], memory_k=1)
         assert st.region is None and st.table.num_cached == cached and st.table.blocks == blocks
-        assert s._engine.streams["b"].region is None and s._engine.pool.free_blocks == free
+        assert s.engine.streams["b"].region is None and s.engine.pool.free_blocks == free
 
 
 def test_the_query_is_the_whole_user_turn(tmp_path):
@@ -333,7 +333,7 @@ def test_the_query_is_the_whole_user_turn(tmp_path):
         s.append("user: where is the charger?\n")
         s.append("assistant:")                            # a role marker alone is not the query
         s.generate(2, memory_k=1)
-        st = s._engine.streams["main"]
+        st = s.engine.streams["main"]
         assert st.last_user == "user: where is the charger?\nassistant:"
         assert FACTS[st.region.fact_ids[0] - 1] == "The charger is in bay 2."
         s.append("\nuser: who is Rex?\nassistant:")      # after a reply: a new turn
@@ -361,13 +361,13 @@ def test_damaged_fact_is_skipped_with_a_warning(tmp_path):
             warnings.simplefilter("always")
             s.generate(1, memory_k=1)
         assert any(f"memory fact {fid} is damaged" in str(w.message) for w in caught)
-        assert s._engine.streams["main"].region.facts == []
+        assert s.engine.streams["main"].region.facts == []
         other = s.remember("The spare charger is in bay 7.")
         s.append(" Or the spare charger?")
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             s.generate(1, memory_k=1)                     # the damaged one gives its place
-        assert s._engine.streams["main"].region.fact_ids == (other,)
+        assert s.engine.streams["main"].region.fact_ids == (other,)
 
 
 def test_the_memory_query_is_capsule_state(tmp_path):
@@ -380,17 +380,17 @@ def test_the_memory_query_is_capsule_state(tmp_path):
         s.append("user: where is the charger?")
         e = s.checkpoint()
         s.generate(2, memory_k=1)
-        expect = s._engine.streams["main"].region.fact_ids
+        expect = s.engine.streams["main"].region.fact_ids
         s.append("user: tell me about Alice and her tea.")
         s.generate(2, memory_k=1)
-        assert s._engine.streams["main"].region.fact_ids != expect
+        assert s.engine.streams["main"].region.fact_ids != expect
         s.rollback(e)
         s.generate(2, memory_k=1)
-        assert s._engine.streams["main"].region.fact_ids == expect
+        assert s.engine.streams["main"].region.fact_ids == expect
     with _open(path, restore=True) as s:
         assert s.restored_epoch == e
         s.generate(2, memory_k=1)
-        assert s._engine.streams["main"].region.fact_ids == expect
+        assert s.engine.streams["main"].region.fact_ids == expect
 
 
 def test_hybrid_recall_with_the_real_embedder(tmp_path):

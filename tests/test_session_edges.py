@@ -39,7 +39,7 @@ def test_drop_stream_frees_its_blocks_and_leaves_the_next_capsule(tmp_path):
         s.append("user: hello there\n" * 20, stream="chat")
         s.generate(4, stream="chat")
         s.append("keep me", stream="main")
-        pool = s._engine.pool
+        pool = s.engine.pool
         free = pool.free_blocks
         s.drop_stream("chat")
         assert s.streams() == ["main"] and pool.free_blocks > free

@@ -20,7 +20,7 @@ def test_appends_equal_reference_and_stay_windowed(tmp_path, family):
             s.append(piece)
             text += piece
             assert s.tokens() == ref.encode(text), piece
-        stats = s._engine.stream("main").tok.stats
+        stats = s.engine.stream("main").tok.stats
         # 13 full re-encodes would be ~100K chars; windows around each seam are far less
         assert stats["appends"] >= 14 and stats["window_chars"] < len(base) + 13 * 2000, stats
 
@@ -41,7 +41,7 @@ def test_restored_stream_appends_incrementally_from_its_saved_state(tmp_path):
         s.generate(3)
         s.checkpoint()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
-        stream = s._engine.stream("main")
+        stream = s.engine.stream("main")
         assert stream.tok.check_pending    # restored unchecked: no encoder needed to restore
         s.append(" and one more")
         assert s.tokens() == ref.encode(s.text())
@@ -54,7 +54,7 @@ def test_damaged_tokenizer_state_falls_back_to_one_exact_encode(tmp_path):
         s.append("hello world " * 50)
         s.checkpoint()
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
-        stream = s._engine.stream("main")
+        stream = s.engine.stream("main")
         meta, blobs = stream.tok.state_dict()   # the restored state, its last id replaced
         stream.tok = IncrementalTokenizer.from_state(ref, meta, {**blobs, "ids": blobs["ids"][:-4]
                                                                  + (7).to_bytes(4, "little")},

@@ -102,11 +102,12 @@ def test_act_does_not_wait_for_an_llm_call_on_another_thread(tmp_path):
                       runtime={"kv_pool_mb": 8}) as s:
         held, release = threading.Event(), threading.Event()
 
-        def llm_call():   # stands in for a long generate: it holds the LLM lock
-            with s._lock:
-                held.set()
-                release.wait(10)
-        t = threading.Thread(target=llm_call)
+        def slow_append(*args, **kw):   # a long LLM call: Session.append holds the LLM lock
+            held.set()
+            release.wait(10)
+            del s.engine.append
+        s.engine.append = slow_append
+        t = threading.Thread(target=s.append, args=("hello",))
         t.start()
         held.wait(5)
         done = threading.Event()
@@ -143,11 +144,12 @@ def _hold_llm(s):
     import threading
     held, release = threading.Event(), threading.Event()
 
-    def run():
-        with s._llm_section():
-            held.set()
-            release.wait(10)
-    t = threading.Thread(target=run)
+    def slow_append(*args, **kw):   # Session.append holds the LLM lock while this runs
+        held.set()
+        release.wait(10)
+        del s.engine.append       # the Engine's own append shows through again
+    s.engine.append = slow_append
+    t = threading.Thread(target=s.append, args=("hello",))
     t.start()
     assert held.wait(5)
     return release, t
@@ -180,9 +182,9 @@ def test_a_deferred_capsule_error_surfaces_at_the_next_checkpoint(tmp_path, monk
         release, t = _hold_llm(s)
         assert s.checkpoint(wait=False, defer=True) is None
 
-        def boom(wait, name):
+        def boom(host, *, wait, name):
             raise OSError("disk on fire")
-        monkeypatch.setattr(type(s), "_capsule", lambda self, wait, name: boom(wait, name))
+        monkeypatch.setattr(s.checkpointer, "checkpoint", boom)   # the deferred capsule's write fails
         release.set()
         t.join()                                   # the holder's call itself did not fail
         monkeypatch.undo()
@@ -199,7 +201,7 @@ def test_control_loop_continue_survives_a_failed_background_write(tmp_path):
     from capsule.control import ControlLoop, FakeClock
     from capsule.store.errors import StoreIOError
     with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
-        real_stage, real_discard = s._store.stage_epoch, s._store.discard_staged
+        real_stage, real_discard = s.store.stage_epoch, s.store.discard_staged
         armed, failed = threading.Event(), threading.Event()
 
         def stage(*a, **kw):
@@ -212,7 +214,7 @@ def test_control_loop_continue_survives_a_failed_background_write(tmp_path):
                 return real_discard(*a, **kw)
             finally:
                 failed.set()
-        s._store.stage_epoch, s._store.discard_staged = stage, discard
+        s.store.stage_epoch, s.store.discard_staged = stage, discard
 
         def step(tick: int) -> None:
             s.act(_obs(tick))

@@ -183,7 +183,7 @@ def test_recall_and_injection_survive_damaged_facts(tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             s.generate(1, memory_k=3)
-        assert s._engine.streams["main"].region.fact_ids == (ids[2],)
+        assert s.engine.streams["main"].region.fact_ids == (ids[2],)
         assert any(f"memory fact {ids[1]} is damaged" in str(w.message) for w in caught)
 
 

@@ -46,13 +46,13 @@ def test_append_and_generate_never_copy_the_whole_history(tmp_path, monkeypatch)
         text = s.text()
         assert s.tokens() == ref.encode(text) and text.startswith(LINE * 40 + "user: where is it?\n")
         assert text.endswith(" ok")
-        assert s._engine.stream("main").tok.stats["fallbacks"] == 0
+        assert s.engine.stream("main").tok.stats["fallbacks"] == 0
 
 
 def test_the_kv_keeps_what_the_splice_keeps(tmp_path):
     ref = load_reference("cl100k_base")
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
-        engine = s._engine
+        engine = s.engine
         s.append("user: count to 5: 1 2 3 4 12")
         st = engine.stream("main")
         s.generate(4)
@@ -102,7 +102,7 @@ def test_the_stream_views_read_the_tokenizer_then_the_generated_part(tmp_path):
     with Session.open(tmp_path / "s", device="cpu", runtime=RT) as s:
         s.append(LINE * 3)
         s.generate(5)
-        st = s._engine.stream("main")
+        st = s.engine.stream("main")
         ids, text = s.tokens(), s.text()
         assert st.n_ids == len(ids) and st.n_chars == len(text) and st.last_id == ids[-1]
         assert len(st.generated) == 5 and st.pending and text.endswith(st.pending)

@@ -1,4 +1,5 @@
-"""Assembly: build a session's parts (model, pool, runner, engine, checkpointer) from arguments.
+"""Assembly: build a session's parts (model, pool, runner, engine, memory, actor, store,
+checkpointer) from Session.open's arguments, and the host half of its capsules.
 
 Kept apart from session.py so the Session class reads as its public API only.
 """
@@ -9,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -19,6 +20,7 @@ from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
 from .llm.streams import export_streams, import_streams
+from .memory.facts import Memory, MemoryConfig
 from .policy import load_policy
 from .policy.actor import Actor
 from .state.binding import Binding
@@ -27,6 +29,7 @@ from .state.manifest import HOST_FORMAT, Limits
 from .state.regions import RegionRegistry
 from .state.snapshot import Snapshotter
 from .store import Store
+from .store.folder import OWNED
 from .tokenize import ReferenceTokenizer, load_reference
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -38,6 +41,73 @@ class LLMParts:
     engine: Engine
     tokenizer: ReferenceTokenizer
     info: ModelInfo
+
+
+@dataclass
+class Assembled:
+    """Everything a Session composes; the caller owns `store` (close it if the Session is not made)."""
+    path: Path
+    profile: devices.DeviceProfile
+    registry: RegionRegistry
+    store: Store
+    checkpointer: Checkpointer
+    llm: LLMParts | None
+    memory: Memory | None
+    actor: Actor | None
+
+
+def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokenizer: str | os.PathLike | None,
+             policy: str | os.PathLike | None, device: str, runtime: Mapping[str, Any] | None,
+             keep_epochs: int | None, sign_key: bytes | None,
+             memory: MemoryConfig | Mapping[str, Any] | None) -> Assembled:
+    """Session.open's arguments checked and its parts built (see Session.open). The model and the
+    tokenizer load before anything is created on disk."""
+    store_path = store_folder(path)
+    profile = devices.detect_profile(device)
+    if runtime:
+        profile = profile.replace_runtime(**dict(runtime))
+    mem_config = MemoryConfig.of(memory)
+    if memory is not None and model is None:
+        raise ValueError("memory needs a model: give model=... or leave memory=None")
+    if memory is not None and mem_config.region_tokens > profile.runtime.max_context:
+        raise ValueError(f"MemoryConfig.region_tokens ({mem_config.region_tokens}) exceeds "
+                         f"runtime.max_context ({profile.runtime.max_context}): no stream could hold "
+                         "its memory region; lower region_tokens or raise max_context")
+    keep = profile.checkpoint.keep_epochs if keep_epochs is None else keep_epochs
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")
+    registry = RegionRegistry()
+    llm = build_llm(model, tokenizer, profile, registry) if model is not None else None
+    actor = build_actor(policy, profile, registry) if policy is not None else None
+    if llm is None and tokenizer is not None:
+        load_reference(tokenizer)  # fail early on a bad name even without a model
+    binding = binding_of(llm, profile, registry, actor)
+    store = open_store(store_path, sign_key)
+    try:
+        mem = None if llm is None else Memory(store, llm.engine.runner.model, llm.tokenizer,
+                                              mem_config, binding.model)
+        checkpointer = build_checkpointer(store, llm, binding, registry, keep)
+    except BaseException:
+        store.close()
+        raise
+    return Assembled(store_path, profile, registry, store, checkpointer, llm, mem, actor)
+
+
+def store_folder(path: str | os.PathLike) -> Path:
+    """The store folder: ~ expanded; refused if it is a file, empty, or a folder of other files."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"path must name the store folder (it is created if missing), got {path!r}")
+    store_path = Path(os.path.expanduser(os.fspath(path)))
+    if store_path.exists() and not store_path.is_dir():
+        raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
+                         "(it is created if missing)")
+    if store_path.is_dir() and not (store_path / "index.sqlite").exists():
+        other = sorted(p.name for p in store_path.iterdir() if p.name != "LOCK" and p.name not in OWNED)
+        if other:
+            raise StoreError(f"folder {str(store_path)!r} holds other files ({', '.join(other[:3])}"
+                             f"{', ...' if len(other) > 3 else ''}) and no capsule store; give an empty "
+                             "or new folder")
+    return store_path
 
 
 def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,

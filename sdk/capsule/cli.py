@@ -94,10 +94,10 @@ def _cmd_memory_reencode(args: argparse.Namespace) -> int:
         # restore=False: only the facts are touched, not the streams (they may be another model's)
         with Session.open(store, model=args.model, device=args.device, runtime=runtime, restore=False,
                           memory={"embedder": None}) as s:
-            total = s._memory.count()
+            total = s.memory.count()
             with tqdm(total=total, desc="re-encode", unit="fact", leave=False,
                       disable=None if total > 200 else True) as bar:
-                n, failed = s._memory.reencode(progress=lambda i: bar.update(i - bar.n))
+                n, failed = s.memory.reencode(progress=lambda i: bar.update(i - bar.n))
     except (CapsuleError, ValueError, OSError) as exc:
         if args.debug:
             raise

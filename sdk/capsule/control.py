@@ -57,6 +57,12 @@ MAX_HZ = 10_000.0
 _COLS = 4   # per-step record: start offset, scheduled offset, step duration, |start - scheduled|
 
 
+class Checkpointing(Protocol):
+    """What a ControlLoop needs of a session when checkpoint_every > 0 (a capsule.Session; its
+    defer=True is used when the signature has it)."""
+    def checkpoint(self, *, wait: bool = True, name: str | None = None) -> int | None: ...
+
+
 class Clock(Protocol):
     def now(self) -> float: ...                  # monotonic seconds
     def sleep_until(self, t: float) -> None: ...  # return at (or just after) now() == t
@@ -132,7 +138,7 @@ def _ms(values: np.ndarray, q: float) -> float:
 class ControlLoop:
     """Calls step(tick) at hz on a deadline schedule; see the module docstring for the contract."""
 
-    def __init__(self, session: Any, hz: float = 100.0, *, checkpoint_every: int = 0,
+    def __init__(self, session: Checkpointing | None, hz: float = 100.0, *, checkpoint_every: int = 0,
                  clock: Clock | None = None, on_miss: str = "skip",
                  on_checkpoint_error: str = "raise") -> None:
         if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz <= MAX_HZ:

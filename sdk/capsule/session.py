@@ -1,4 +1,10 @@
-"""Session: the one front object. It composes the parts below and holds no logic of its own.
+"""Session: the one front object, a facade over composed parts; it holds no logic of its own.
+
+Parts: the capsule gate (both locks, deferral, checkpoint / flush / rollback, session_gate.py),
+the LLM part (engine, streams, memory injection, session_llm.py / session_memory.py), the
+policy's actor (policy/actor.py), the store and the checkpointer. The read-only views below
+(engine, memory, store, checkpointer, actor) are for tools and tests: read them, change state
+only through Session methods.
 
 Threading: a Session may be shared between threads. LLM and memory calls are serialized by one
 lock, act / reset by another, so a control loop's act never waits for a generate on a chat
@@ -9,58 +15,48 @@ read-only vocabularies).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import sys
-import threading
 import weakref
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, cast
+
+import numpy as np
 
 import devices
 
 from . import assembly
-from .errors import StoreError
-from .store.store import OWNED
-from .llm import SamplingParams
+from .llm import ModelInfo
 from .llm.engine import Engine
-from .memory.facts import Memory, MemoryConfig
-from .session_capsules import CapsuleMethods
-from .session_memory import MemoryMethods
-from .session_policy import PolicyMethods
+from .memory.facts import Fact, Memory, MemoryConfig
+from .policy.actor import Actor
+from .session_gate import CapsuleGate
+from .session_llm import LLMPart, generate_args
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
-from .tokenize import load_reference
+from .store import EpochInfo, Store
+from .tokenize import ReferenceTokenizer
 
 
-class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
+class Session:
     """An LLM and/or a robot policy with their execution state, bound to a capsule store."""
 
-    def __init__(self, path: Path, profile: devices.DeviceProfile, llm: "assembly.LLMParts | None",
-                 registry: RegionRegistry, store: Any, checkpointer: Checkpointer,
-                 memory: Memory | None = None, actor: Any = None):
+    def __init__(self, path: Path, profile: devices.DeviceProfile, registry: RegionRegistry,
+                 store: Store, checkpointer: Checkpointer, llm: LLMPart | None = None,
+                 actor: Actor | None = None):
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
-        self.tokenizer = llm.tokenizer if llm else None
-        self.model_info = llm.info if llm else None
         self.restored_epoch: int | None = None
         # epochs the last restore skipped (damaged, unreadable, another setup's), each with why;
         # after the restore at open, first what the store's recovery did (e.g. an index rebuilt)
         self.restore_report: list[str] = []
-        self._llm_parts = llm
-        self._engine: Engine | None = llm.engine if llm else None
-        self._store = store
-        self._ckpt = checkpointer
-        self._state: dict = {}
-        self._memory = memory
+        self._llm_part = llm
         self._actor = actor
-        self._lock = threading.RLock()          # LLM, memory, store
-        self._policy_lock = threading.RLock()   # act / reset: a control loop never waits on an LLM call
-        self._llm_depth = 0                     # nesting of _llm_section on the holding thread
-        self._deferred: tuple[str | None] | None = None   # a capsule asked for while the LLM was busy
-        self._deferred_error: BaseException | None = None
-        self._closed = False
+        self._state: dict = {}
+        self._gate = CapsuleGate(checkpointer, store, self._capture, self._restore)
         # a capsule taken with wait=False is durable once written: if the app exits without
         # close(), close at interpreter exit (the writer is a daemon thread) instead of losing it
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
@@ -86,70 +82,28 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         engine of the profile's `engines` that works here (see act, reset, episode).
         Nothing is created on disk unless the model and tokenizer load.
         """
-        store_path = _store_path(path)
-        profile = devices.detect_profile(device)
-        if runtime:
-            profile = profile.replace_runtime(**dict(runtime))
-        mem_config = MemoryConfig.of(memory)
-        if memory is not None and model is None:
-            raise ValueError("memory needs a model: give model=... or leave memory=None")
-        if memory is not None and mem_config.region_tokens > profile.runtime.max_context:
-            raise ValueError(f"MemoryConfig.region_tokens ({mem_config.region_tokens}) exceeds "
-                             f"runtime.max_context ({profile.runtime.max_context}): no stream could hold "
-                             "its memory region; lower region_tokens or raise max_context")
-        keep = profile.checkpoint.keep_epochs if keep_epochs is None else keep_epochs
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep_epochs must be an int >= 1, got {keep!r}")
-        registry = RegionRegistry()
-        llm = assembly.build_llm(model, tokenizer, profile, registry) if model is not None else None
-        actor = assembly.build_actor(policy, profile, registry) if policy is not None else None
-        if llm is None and tokenizer is not None:
-            load_reference(tokenizer)  # fail early on a bad name even without a model
-        binding = assembly.binding_of(llm, profile, registry, actor)
-        store = assembly.open_store(store_path, sign_key)
+        a = assembly.assemble(path, model=model, tokenizer=tokenizer, policy=policy, device=device,
+                              runtime=runtime, keep_epochs=keep_epochs, sign_key=sign_key, memory=memory)
         try:
-            mem = None if llm is None else Memory(store, llm.engine.runner.model, llm.tokenizer,
-                                                  mem_config, binding.model)
-            session = cls(store_path, profile, llm, registry, store,
-                          assembly.build_checkpointer(store, llm, binding, registry, keep), mem, actor)
+            part = LLMPart(a.llm, a.memory) if a.llm is not None and a.memory is not None else None
+            session = cls(a.path, a.profile, a.registry, a.store, a.checkpointer, part, a.actor)
             if restore:
-                session._restore(None)
+                session._gate.restore_newest()
         except BaseException:
-            store.close()
+            a.store.close()
             raise
         return session
 
     def close(self) -> None:
         """Wait for pending background checkpoints, then release the store. Raises a write failure."""
-        with self._whole():
-            if self._closed:
-                return
-            self._closed = True
+        if self._gate.close():
             atexit.unregister(self._at_exit)
-            try:
-                self._ckpt.close()
-            finally:
-                self._store.close()
-                self._engine = None
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _restore(self, epoch_or_name: int | str | None) -> int | None:
-        loader = assembly.host_loader(self._llm_parts, self._put_state, self._actor)
-        if epoch_or_name is None:
-            restored = self._ckpt.restore_newest(loader)
-        else:
-            restored = self._ckpt.restore(epoch_or_name, loader)
-        if restored is None:
-            return None
-        self.restored_epoch = restored.epoch
-        self.restore_report = restored.skipped
-        self._drop_forgotten()     # facts forgotten since that capsule are not attended again
-        return restored.epoch
 
     # -- text -------------------------------------------------------------------------------
     def append(self, text: str, stream: str = "main", *, system: bool = False) -> None:
@@ -158,8 +112,8 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         system=True: the text extends the stream's system prefix (only before other text);
         injected memory facts sit right after it (docs/MEMORY.md).
         """
-        with self._llm_section():
-            self._llm().append(stream, text, system=system)
+        with self._gate.llm_section():
+            self._llm().append(stream, text, system)
 
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
@@ -170,57 +124,125 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
         sampling stream continues its own generator. Give a list of streams to decode them
         together in one batched step; the result is then a dict stream -> text.
         The stream keeps every generated token, the stop string (or EOS) and the rest of the
-        token that completed it included: with stop="\nuser:", append the next turn without
-        repeating "\nuser:" (s.text() shows what the model sees).
+        token that completed it included: with stop="\\nuser:", append the next turn without
+        repeating "\\nuser:" (s.text() shows what the model sees).
         memory_k: inject the K/V of the k facts most relevant to the user's turn (the text
         appended since the model last spoke) into the stream's memory region first (replacing
         the facts injected before); 0 leaves the region as it is (see clear_memory).
         """
-        if isinstance(memory_k, bool) or not isinstance(memory_k, int) or memory_k < 0:
-            raise ValueError(f"memory_k must be an int >= 0, got {memory_k!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise ValueError(f"seed must be an int in 0..2**63-1 or None, got {seed!r}")
-        params = SamplingParams(float(temperature), float(top_p))
-        if not isinstance(stream, (str, list, tuple)):
-            raise ValueError(f"stream must be a name or a list of names, got {type(stream).__name__}")
-        names = [stream] if isinstance(stream, str) else list(stream)
-        if len(set(names)) != len(names) or not names:
-            raise ValueError(f"stream must be a name or a list of distinct names, got {stream!r}")
-        stops = [stop] if isinstance(stop, str) else list(stop or ())
-        if any(not isinstance(x, str) or not x for x in stops):
-            raise ValueError(f"stop must be a non-empty str or a list of them, got {stop!r}")
-        with self._llm_section():
-            engine = self._llm()
-            for n in names:
-                engine.stream(n)   # unknown streams fail before any memory work
-            if memory_k:
-                self._inject(names, memory_k, max_new_tokens)
-            bucket_max = engine.runner.buckets[-1]
-            replies: dict[str, str] = {}
-            for i in range(0, len(names), bucket_max):  # more streams than the largest bucket: in groups
-                replies.update(engine.generate(names[i:i + bucket_max], max_new_tokens, params, seed, stops))
+        names, params, stops = generate_args(max_new_tokens, stream, temperature, top_p, seed, stop, memory_k)
+        with self._gate.llm_section():
+            replies = self._llm().generate(names, max_new_tokens, params, seed, stops, memory_k)
         return replies[names[0]] if isinstance(stream, str) else replies
 
     def tokens(self, stream: str = "main") -> list[int]:
-        with self._llm_section():
-            return list(self._llm().stream(stream).ids)
+        with self._gate.llm_section():
+            return self._llm().tokens(stream)
 
     def text(self, stream: str = "main") -> str:
-        with self._llm_section():
-            return self._llm().stream(stream).text
+        """The stream's text as the model sees it (for an NFC-normalizing tokenizer: normalized)."""
+        with self._gate.llm_section():
+            return self._llm().text(stream)
 
     def streams(self) -> list[str]:
-        with self._llm_section():
-            return list(self._llm().streams)
+        with self._gate.llm_section():
+            return self._llm().streams()
 
     def drop_stream(self, stream: str) -> None:
         """Forget a stream (text, tokens, K/V blocks back to the pool); the next capsule has no
         such stream. For a long-running robot whose conversation reached max_context or filled
         the pool: drop it and start a new one (rollback restores an older capsule instead)."""
-        with self._llm_section():
+        with self._gate.llm_section():
             self._llm().drop(stream)
+
+    # -- memory (docs/MEMORY.md) --------------------------------------------------------------
+    def remember(self, text: str, *, tags: Sequence[str] | None = None,
+                 context: str | None = None) -> int:
+        """Store a fact durably, its K/V computed once (keys before RoPE); returns its id.
+
+        context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
+        the "main" stream's text, when a window is configured.
+        """
+        with self._gate.llm_section():
+            return self._llm().memory.remember(text, tags, context)
+
+    def forget(self, fact_id: int) -> None:
+        """Delete a fact (durable when it returns) and drop it from every stream's memory region
+        at once (the other facts stay). Capsules taken before still hold its K/V bytes until
+        retention drops them; restoring one drops the fact again."""
+        with self._gate.llm_section():
+            self._llm().memory.forget(fact_id)
+
+    def clear_memory(self, stream: str = "main") -> None:
+        """Empty a stream's memory region: no fact is attended until its next memory_k."""
+        with self._gate.llm_section():
+            self._llm().memory.clear(stream)
+
+    def recall(self, query: str, k: int = 8) -> list[Fact]:
+        """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
+        with self._gate.llm_section():
+            return self._llm().memory.recall(query, k)
+
+    # -- policy (LeRobot-like select_action; the hidden state and queue are in every capsule) ----
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """One action (A,) for this tick: served from the action queue when the policy emitted
+        a chunk, else from one policy step (``observation.state`` and any other inputs the
+        policy declares, numpy or torch, with or without the batch dimension).
+
+        Takes only the policy lock: never waits for an LLM call on another thread.
+        Raises ValueError, before anything changes (no engine call, no hidden-state update, no
+        queue move; the same on every engine), when the observation is not a mapping of str keys
+        to the declared inputs, has a wrong shape or dtype, or holds a non-finite value (NaN or
+        +-inf: the message names the key and the first bad index). Observations served from the
+        queue are checked too. Cost: host arrays (numpy, CPU tensors) are checked without
+        allocating; a CUDA tensor is checked on its device with one extra host sync per step."""
+        with self._gate.policy_lock:
+            return self.actor.act(observation)
+
+    def reset(self) -> None:
+        """Start a new episode: the action queue empties and the policy's hidden state is zeroed."""
+        with self._gate.policy_lock:
+            self.actor.reset()
+
+    @contextlib.contextmanager
+    def episode(self) -> Iterator["Session"]:
+        """``with session.episode():`` runs one episode from a fresh policy state."""
+        self.reset()
+        yield self
+
+    @property
+    def policy_engine(self) -> str:
+        """Which engine runs the policy ("torch", "onnxruntime" or "tensorrt")."""
+        return self.actor.runner.engine_name
+
+    # -- capsules -----------------------------------------------------------------------------
+    def checkpoint(self, *, wait: bool = True, name: str | None = None,
+                   defer: bool = False) -> int | None:
+        """Take a capsule of everything that decides the next output; returns its epoch.
+
+        wait=True: durable when this returns. wait=False: only stages the dirty pages (host copies)
+        and returns; a background writer makes it durable (see flush). A write failure is raised
+        by the next checkpoint / flush / close. A capsule is taken between LLM calls, so it waits
+        for a running one, unless defer=True (with wait=False): then, when an LLM call is
+        running on another thread, it returns None at once and that call takes the capsule as
+        it ends (what a control loop wants: it never waits for a generate).
+        """
+        return self._gate.checkpoint(wait, name, defer)
+
+    def flush(self) -> None:
+        """Block until every checkpoint(wait=False) so far is durable (a deferred one included)."""
+        self._gate.flush()
+
+    def rollback(self, epoch_or_name: int | str) -> int:
+        """Restore an epoch in place (same buffers, no re-capture); returns the epoch.
+
+        The whole epoch is read and checked first: when it cannot be restored (CapsuleCorrupt naming
+        the epoch and the field, CapsuleMismatch, UnknownEpoch) nothing of the session changes."""
+        return cast(int, self._gate.rollback(epoch_or_name))   # a named epoch is restored or raises
+
+    def epochs(self) -> list[EpochInfo]:
+        """Committed epochs, oldest first (id, name, created, bytes_written, n_pages, meta)."""
+        return self._gate.epochs()
 
     # -- app state --------------------------------------------------------------------------
     @property
@@ -230,47 +252,81 @@ class Session(CapsuleMethods, MemoryMethods, PolicyMethods):
 
     @state.setter
     def state(self, value: Mapping[str, Any]) -> None:
-        self._set_state(value)
-
-    def _set_state(self, value: Mapping[str, Any]) -> None:
         self._state = assembly.check_app_state(value)
+
+    # -- read-only views (tools, tests): change state through the methods above ---------------
+    @property
+    def tokenizer(self) -> ReferenceTokenizer | None:
+        return self._llm_part.tokenizer if self._llm_part else None
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self._llm_part.info if self._llm_part else None
+
+    @property
+    def engine(self) -> Engine:
+        """The LLM engine: its runner (buckets, graphs), KV pool and streams."""
+        return self._llm().engine
+
+    @property
+    def memory(self) -> Memory:
+        """Persistent memory: the facts, their K/V records and the recall index."""
+        return self._llm().memory.memory
+
+    @property
+    def actor(self) -> Actor:
+        """The policy's actor: its runner (engine, spec, buffers) and action queue."""
+        self._gate.check_open()
+        if self._actor is None:
+            raise ValueError("this Session has no policy; open it with policy=<.onnx path or "
+                             "builtin:mlp | builtin:mlp-chunk | builtin:gru>")
+        return self._actor
+
+    @property
+    def store(self) -> Store:
+        return self._gate.store
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        return self._gate.checkpointer
+
+    @property
+    def closed(self) -> bool:
+        return self._gate.closed
+
+    # -- internals --------------------------------------------------------------------------
+    def _llm(self) -> LLMPart:
+        self._gate.check_open()
+        if self._llm_part is None:
+            raise ValueError("this Session has no model (opened with model=None)")
+        return self._llm_part
+
+    def _capture(self) -> tuple[dict, dict[str, bytes]]:
+        """The host half of a capsule (the gate calls it under both locks)."""
+        return assembly.host_state(self._llm_part.parts if self._llm_part else None, self._state, self._actor)
+
+    def _restore(self, epoch_or_name: int | str | None) -> int | None:
+        """Install an epoch, None = the newest fully valid one (the gate calls it under both locks)."""
+        loader = assembly.host_loader(self._llm_part.parts if self._llm_part else None,
+                                      self._put_state, self._actor)
+        ckpt = self._gate.checkpointer
+        restored = ckpt.restore_newest(loader) if epoch_or_name is None else ckpt.restore(epoch_or_name, loader)
+        if restored is None:
+            return None
+        self.restored_epoch = restored.epoch
+        self.restore_report = restored.skipped
+        if self._llm_part is not None:
+            self._llm_part.memory.drop_forgotten()   # facts forgotten since are not attended again
+        return restored.epoch
 
     def _put_state(self, value: dict) -> None:
         # a restore's install step: the value was checked while the capsule was (it cannot fail)
         self._state = value
 
-    # -- internals --------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError("this Session is closed; open a new one")
-
-    def _llm(self) -> Engine:
-        self._check_open()
-        if self._engine is None:
-            raise ValueError("this Session has no model (opened with model=None)")
-        return self._engine
-
-
-def _store_path(path: str | os.PathLike) -> Path:
-    """The store folder: ~ expanded; refused if it is a file, empty, or a folder of other files."""
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise ValueError(f"path must name the store folder (it is created if missing), got {path!r}")
-    store_path = Path(os.path.expanduser(os.fspath(path)))
-    if store_path.exists() and not store_path.is_dir():
-        raise StoreError(f"store path {str(store_path)!r} is a regular file; give a folder path "
-                         "(it is created if missing)")
-    if store_path.is_dir() and not (store_path / "index.sqlite").exists():
-        other = sorted(p.name for p in store_path.iterdir() if p.name != "LOCK" and p.name not in OWNED)
-        if other:
-            raise StoreError(f"folder {str(store_path)!r} holds other files ({', '.join(other[:3])}"
-                             f"{', ...' if len(other) > 3 else ''}) and no capsule store; give an empty "
-                             "or new folder")
-    return store_path
-
 
 def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:
     session = ref()
-    if session is None or session._closed or os.getpid() != pid:
+    if session is None or session.closed or os.getpid() != pid:
         return   # a forked child's copy never writes into its parent's store
     try:
         session.close()

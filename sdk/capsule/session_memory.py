@@ -1,12 +1,14 @@
-"""Session methods for persistent memory (remember / forget / recall, injection before generate).
+"""MemoryPart: persistent memory of a Session's LLM (remember / forget / recall, and the
+injection of facts' K/V into streams' memory regions before a generate). See docs/MEMORY.md.
 
-Mixed into Session: they use its lock, engine and Memory. See docs/MEMORY.md.
+Not thread-safe: the Session calls it inside its gate's LLM section.
 """
 from __future__ import annotations
 
-import threading
 import warnings
-from typing import Any, Sequence
+from typing import Sequence
+
+import torch
 
 from .errors import CapacityError
 from .llm.engine import Engine
@@ -14,67 +16,42 @@ from .memory.facts import Fact, Memory
 from .tokenize import ReferenceTokenizer
 
 
-class MemoryMethods:
-    _lock: threading.RLock
-    _memory: Memory | None
-    tokenizer: ReferenceTokenizer | None
+class MemoryPart:
+    def __init__(self, memory: Memory, engine: Engine, tokenizer: ReferenceTokenizer):
+        self.memory = memory
+        self._engine = engine
+        self._tokenizer = tokenizer
 
-    def _llm_section(self) -> Any:   # provided by CapsuleMethods
-        raise NotImplementedError
-
-    def _llm(self) -> Engine:   # provided by Session
-        raise NotImplementedError
-
-    def _check_open(self) -> None:   # provided by Session
-        raise NotImplementedError
-
-    def remember(self, text: str, *, tags: Sequence[str] | None = None,
-                 context: str | None = None) -> int:
-        """Store a fact durably, its K/V computed once (keys before RoPE); returns its id.
-
-        context: text the fact is encoded after (its last MemoryConfig.window tokens); default:
-        the "main" stream's text, when a window is configured.
-        """
+    def remember(self, text: str, tags: Sequence[str] | None, context: str | None) -> int:
         if context is not None and not isinstance(context, str):
             raise ValueError(f"context must be a str (text the fact follows) or None, got "
                              f"{type(context).__name__}")
-        with self._llm_section():
-            mem = self._mem()
-            ctx: list[int] = []
-            if mem.config.window:
-                if context is not None:
-                    ctx = self.tokenizer.encode(context)
-                elif "main" in self._llm().streams:   # the window's worth, not the history
-                    main = self._llm().streams["main"]
-                    ctx = main.ids_slice(max(0, main.n_ids - mem.config.window))
-            return mem.remember(text, tags, ctx)
+        mem, ctx = self.memory, []
+        if mem.config.window:
+            if context is not None:
+                ctx = self._tokenizer.encode(context)
+            elif "main" in self._engine.streams:   # the window's worth, not the history
+                main = self._engine.streams["main"]
+                ctx = main.ids_slice(max(0, main.n_ids - mem.config.window))
+        return mem.remember(text, tags, ctx)
 
     def forget(self, fact_id: int) -> None:
-        """Delete a fact (durable when it returns) and drop it from every stream's memory region
-        at once (the other facts stay). Capsules taken before still hold its K/V bytes until
-        retention drops them; restoring one drops the fact again (see _drop_forgotten)."""
-        with self._llm_section():
-            self._mem().forget(fact_id)
-            self._drop_forgotten()
+        self.memory.forget(fact_id)
+        self.drop_forgotten()
 
-    def clear_memory(self, stream: str = "main") -> None:
-        """Empty a stream's memory region: no fact is attended until its next memory_k."""
-        with self._llm_section():
-            engine = self._llm()
-            if engine.stream(stream).region is not None:
-                engine.fill_memory(stream, [], self._mem().config.region_tokens)
+    def clear(self, stream: str) -> None:
+        if self._engine.stream(stream).region is not None:
+            self._engine.fill_memory(stream, [], self.memory.config.region_tokens)
 
-    def recall(self, query: str, k: int = 8) -> list[Fact]:
-        """The k facts most relevant to query (BM25, fused with MiniLM cosine when installed)."""
-        with self._llm_section():
-            return self._mem().recall(query, k)
+    def recall(self, query: str, k: int) -> list[Fact]:
+        return self.memory.recall(query, k)
 
-    def _inject(self, names: Sequence[str], memory_k: int, max_new_tokens: int) -> None:
+    def inject(self, names: Sequence[str], memory_k: int, max_new_tokens: int) -> None:
         """Fill each stream's region with its top memory_k facts that are intact and fit.
 
         Every stream's facts are chosen and checked first: an error leaves every stream as it was.
         """
-        mem, engine = self._mem(), self._llm()
+        mem, engine = self.memory, self._engine
         limit = min(mem.config.region_tokens, engine.pool.capacity_tokens)
         if memory_k > limit:
             raise ValueError(f"memory_k={memory_k} facts cannot fit: a fact takes at least one "
@@ -87,7 +64,7 @@ class MemoryMethods:
             # sum of the positive needs is enough whatever the order the streams are filled in
             blocks += max(0, need)
             s = engine.stream(name)
-            plans.append((name, self._choose(mem, s.last_user or s.text_tail(500), memory_k, room)))
+            plans.append((name, self._choose(s.last_user or s.text_tail(500), memory_k, room)))
         if blocks > engine.pool.free_blocks:
             raise CapacityError(f"KV pool is full: {', '.join(map(repr, names))} with their memory regions "
                                 f"and {max_new_tokens} new tokens need {blocks} more block(s), "
@@ -96,13 +73,11 @@ class MemoryMethods:
         for name, chosen in plans:
             engine.fill_memory(name, chosen, mem.config.region_tokens)
 
-    def _drop_forgotten(self) -> None:
+    def drop_forgotten(self) -> None:
         """Refill, without them, every region holding facts that are no longer stored (forgotten;
         e.g. after a restore of an older capsule). While refilling, a remaining fact whose K/V
         is now damaged is left out too (with a warning)."""
-        if self._memory is None:    # a Memory exists only with a model (and so an engine)
-            return
-        mem, engine = self._memory, self._llm()
+        mem, engine = self.memory, self._engine
         for name, s in engine.streams.items():
             if s.region is None or not s.region.facts:
                 continue
@@ -113,13 +88,12 @@ class MemoryMethods:
             kept = [(f, kv.kv) for f in ids if f in known and (kv := mem.kv(f)) is not None]
             engine.fill_memory(name, kept, mem.config.region_tokens)
 
-    @staticmethod
-    def _choose(mem: Memory, query: str, k: int, room: int) -> list[tuple[int, Any]]:
+    def _choose(self, query: str, k: int, room: int) -> list[tuple[int, torch.Tensor]]:
         """The k best-ranked facts whose K/V is intact and that fit `room` positions, in rank
         order; a damaged or too long one gives its place to the next candidate."""
         chosen, used, too_long = [], 0, 0
-        for fact in mem.recall(query, 2 * k):
-            kv = mem.kv(fact.id)              # None (with a warning) when its record is damaged
+        for fact in self.memory.recall(query, 2 * k):
+            kv = self.memory.kv(fact.id)      # None (with a warning) when its record is damaged
             if kv is None:
                 continue
             if used + kv.n_tokens > room:
@@ -132,11 +106,5 @@ class MemoryMethods:
         if too_long:
             warnings.warn(f"{too_long} of the best-ranked memory facts did not fit the {room}-position "
                           "memory region and were left out (raise MemoryConfig.region_tokens for a "
-                          "new stream, or inject fewer facts)", stacklevel=4)
+                          "new stream, or inject fewer facts)", stacklevel=5)
         return chosen
-
-    def _mem(self) -> Memory:
-        self._check_open()
-        if self._memory is None:
-            raise ValueError("this Session has no model (opened with model=None): memory needs one")
-        return self._memory

@@ -145,7 +145,7 @@ def test_an_oversized_page_record_is_refused_before_it_is_read(tmp_path):
     # a 4 MiB host page: no page of this layout is above a KV block (a few KiB here)
     bad = _forge(path, lambda m: m, pages=[("host/ids/main", 0, bytes(4 << 20))])
     with Session.open(path, device="cpu", runtime=RT) as s:
-        most = s._ckpt.snap.max_page_bytes()
+        most = s.checkpointer.snap.max_page_bytes()
         assert most < 1 << 20
         assert s.restored_epoch == 2 and s.tokens() == tokens
         [report] = s.restore_report

@@ -155,4 +155,4 @@ def test_a_wrong_id_inside_the_vocabulary_is_repaired_by_the_next_append(tmp_pat
         s.append(" and on")
         ref = load_reference("cl100k_base")
         assert s.tokens() == ref.encode(s.text())    # one full re-encode: exact again
-        assert s._engine.stream("main").tok.stats["fallbacks"] >= 1
+        assert s.engine.stream("main").tok.stats["fallbacks"] >= 1

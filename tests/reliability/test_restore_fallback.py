@@ -80,13 +80,13 @@ def _obs(i: int) -> dict:
 
 def _live(s: Session) -> dict:
     """Everything a rollback could change, copied."""
-    engine = s._engine
+    engine = s.engine
     return {"streams": {n: (st.ids[:], st.text, st.table.blocks[:], st.table.num_cached,
                             None if st.generator is None else st.generator.get_state().clone())
                         for n, st in engine.streams.items()},
             # bytes, not values: a buffer may hold NaN (never equal to itself) or uninitialized bits
             "regions": {r.name: r.tensor.reshape(-1).view(torch.uint8).clone() for r in s.registry},
-            "state": json.dumps(s.state), "queue": s._actor.state(), "free": engine.pool.free_blocks}
+            "state": json.dumps(s.state), "queue": s.actor.state(), "free": engine.pool.free_blocks}
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -66,11 +66,11 @@ def measure_delta(s: Session, steps: int, new_tokens: int, show: bool) -> list[d
     pool = s.registry[KV]
     bs = s.profile.runtime.block_size
     per_token = pool.page_bytes // bs
-    regions = sum(r.tensor.numel() * r.tensor.element_size() for r in s._ckpt.snap.saved_regions())
-    table = s._engine.stream("main").table
+    regions = sum(r.tensor.numel() * r.tensor.element_size() for r in s.checkpointer.snap.saved_regions())
+    table = s.engine.stream("main").table
     rows = []
     bar = progress(steps, f"delta epochs (+{new_tokens} tokens each)", show)
-    with capture_probe(s._ckpt.snap) as seen:
+    with capture_probe(s.checkpointer.snap) as seen:
         for _ in range(steps):
             before = table.num_cached
             s.generate(new_tokens)
@@ -83,7 +83,7 @@ def measure_delta(s: Session, steps: int, new_tokens: int, show: bool) -> list[d
             full = math.ceil(after / bs) * pool.page_bytes + regions + cap["host_bytes"]
             new_bytes = (after - before) * per_token
             rows.append({"epoch": info.id, "kv_tokens": after, "new_kv_tokens": after - before,
-                         "bytes_written": info.bytes_written, "manifest_bytes": s._ckpt.last_bytes
+                         "bytes_written": info.bytes_written, "manifest_bytes": s.checkpointer.last_bytes
                          - cap["kv_page_bytes"] - cap["other_page_bytes"],
                          "kv_pages_written": cap["kv_pages"], "kv_pages_expected": dirty_blocks,
                          "other_page_bytes": cap["other_page_bytes"], "dirty_page_bytes": dirty,
@@ -124,7 +124,7 @@ def control_loop(store: Path, device: str, steps: int, checkpoints: bool, period
         s.flush()
         work, stall, misses = [], [], 0
         bar = progress(steps, f"100 Hz loop, checkpoints {'on' if checkpoints else 'off'}", show)
-        with sync_probe(s._store) as syncs:
+        with sync_probe(s.store) as syncs:
             tick = time.perf_counter()
             for _ in range(steps):
                 t0 = time.perf_counter()

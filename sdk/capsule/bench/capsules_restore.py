@@ -25,17 +25,18 @@ CHILD_TIMEOUT_S = 600
 CHILD = r"""
 import json, sys, time
 from capsule import Session
+from capsule.state.checkpointer import Checkpointer
 mode, store, text_path, model, device = sys.argv[1:6]
 runtime = json.loads(sys.argv[6])
 text = open(text_path, encoding="utf-8").read() if mode != "restore" else ""
 restore_s = []
-inner = Session._restore
-def timed(self, which):  # the restore's own share of open(), for the read-throughput figure
+inner = Checkpointer.restore_newest
+def timed(self, load_host):  # the restore's own share of open(), for the read-throughput figure
     t = time.perf_counter()
-    out = inner(self, which)
+    out = inner(self, load_host)
     restore_s.append(time.perf_counter() - t)
     return out
-Session._restore = timed
+Checkpointer.restore_newest = timed
 t0 = time.perf_counter()
 s = Session.open(store, model=model, device=device, runtime=runtime, restore=mode == "restore")
 t1 = time.perf_counter()

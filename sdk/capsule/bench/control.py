@@ -164,7 +164,7 @@ def _loop_run(opts: BenchOptions, hz: int, steps: int, every: int, chat: bool) -
                 s.act(obs)
             first: list[float] = []
             writer: list[tuple[str, float, float]] = []
-            _probe_writer(s._store, writer)
+            _probe_writer(s.store, writer)
 
             def step(tick: int) -> None:
                 if not first:

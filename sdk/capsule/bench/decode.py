@@ -76,7 +76,7 @@ def _prefill(s: Session, lengths: tuple[int, ...], reps: int, clock: Callable[[]
 def _decode(s: Session, batches: tuple[int, ...], steps: int, clock: Callable[[], float], graphs: str,
             show: bool, tag: str) -> list[dict[str, Any]]:
     """Decode `steps` steps for 1, 2, 4 streams together; per-step latency and generate tokens/s."""
-    runner = s._engine.runner  # bench-only look inside: the step probe wraps its decode call
+    runner = s.engine.runner  # bench-only look inside: the step probe wraps its decode call
     rows = []
     for b in batches:
         names = [f"{tag}-b{b}-{i}" for i in range(b)]
@@ -116,7 +116,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         t0 = time.perf_counter()
         s = Session.open(Path(tmp) / "graphs", model=opts.model, device=opts.device)
         results["open_s"] = time.perf_counter() - t0
-        runner = s._engine.runner
+        runner = s.engine.runner
         device = runner.pool.tensor.device
         clock = make_clock(device)
         lengths = tuple(n for n in (QUICK_PREFILL_TOKENS if opts.quick else PREFILL_TOKENS)

@@ -102,7 +102,7 @@ def measure(opts: BenchOptions) -> list[dict[str, Any]]:
     """Open a Session of opts.model on opts.device and measure; [] if batch 4 is not a bucket."""
     with tempfile.TemporaryDirectory(prefix="capsule-bench-sampling-") as tmp, \
             Session.open(Path(tmp) / "s", model=opts.model, device=opts.device) as s:
-        runner = s._engine.runner  # bench-only look inside: the probe wraps its decode call
+        runner = s.engine.runner  # bench-only look inside: the probe wraps its decode call
         if runner.buckets[-1] < BATCH:
             return []
         return sampling_rows(s, runner, opts.quick, opts.progress)

@@ -81,7 +81,7 @@ def _recall(tmp: Path, opts: BenchOptions, n_facts: int, n_remember: int, n_quer
     path, open_kw = tmp / "recall", dict(model=opts.model, device=opts.device,
                                          runtime={"kv_pool_mb": 64, "max_context": MAX_CONTEXT})
     with Session.open(path, memory={"embedder": spec}, **open_kw) as s:
-        mem, store = s._memory, s._store
+        mem, store = s.memory, s.store
         s.remember(facts[0][0])                          # warm-up (loads the embedder)
         t0 = time.perf_counter()
         for text, _ in facts[1:n_remember]:
@@ -120,7 +120,7 @@ def _recall(tmp: Path, opts: BenchOptions, n_facts: int, n_remember: int, n_quer
         t0 = time.perf_counter()
         s.recall(queries[0], RECALL_K)                   # the first recall stacks every stored embedding
         index_s = time.perf_counter() - t0
-        index = s._memory._loaded_index()
+        index = s.memory._loaded_index()
         rows.append(row("embedding only", *_lat(lambda q: index.search(emb.embed([q])[0], RECALL_K), queries),
                         note="query embed + cosine top-k"))
         rows.append(row("hybrid", *_lat(lambda q: s.recall(q, RECALL_K), queries), note="Session.recall"))
@@ -160,11 +160,11 @@ def _deviation(tmp: Path, opts: BenchOptions, tok: Any, say: Callable[[str], Non
                           memory={"window": w, "embedder": None, "region_tokens": region,
                                   "max_fact_tokens": region}) as s:
             texts = {s.remember(f, context=SYSTEM): f for f in facts}  # window w: last w system tokens
-            model, errs, lerrs, agree, same = s._engine.runner.model, [], [], 0, True
+            model, errs, lerrs, agree, same = s.engine.runner.model, [], [], 0, True
             for i, q in enumerate(questions):
                 with _final_hidden(model) as got:        # injected: system [region: 10 facts] question
                     s.generate(1, stream=fresh(s, f"inj-{i}", SYSTEM, q), memory_k=DEVIATION_K)
-                order = s._engine.streams[f"inj-{i}"].region.fact_ids
+                order = s.engine.streams[f"inj-{i}"].region.fact_ids
                 body = "".join(texts[f] for f in order)  # joint: the same text, prefilled causally
                 joint = s.tokens(fresh(s, f"joint-{i}", SYSTEM, body + q))
                 with _final_hidden(model) as ref:
@@ -200,7 +200,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         with Session.open(tmp / "ttft", model=opts.model, device=opts.device,
                           runtime={"kv_pool_mb": KV_POOL_MB, "max_context": MAX_CONTEXT},
                           memory={"region_tokens": REGION_TOKENS, "embedder": None}) as s:
-            device, tok = s._engine.pool.tensor.device, s.tokenizer
+            device, tok = s.engine.pool.tensor.device, s.tokenizer
             settings = {"model": opts.model, "untrained": bool(getattr(s.model_info, "untrained", False)),
                         "device": str(device), "dtype": s.profile.runtime.dtype, "quick": opts.quick,
                         "torch_threads": torch.get_num_threads()}

@@ -35,9 +35,9 @@ def decode_rows(tmp: Path, opts: BenchOptions, runtime: dict, system: str, quest
             s.append(system, system=True)
             s.append(question)
             s.generate(1, memory_k=DECODE_FACTS if region else 0)
-            engine = s._engine
+            engine = s.engine
             stream = engine.streams["main"]
-            row = engine._next_row(stream)
+            row = engine.next_row(stream)
             clock = make_clock(engine.pool.tensor.device)
             medians = {}
             for name, r in (("left_out", row), ("all", replace(row, skip=(0, 0)))):

@@ -21,8 +21,8 @@ from ..session import Session
 
 def drop(s: Session, name: str) -> None:
     """Bench-only: free a measured stream's KV blocks (Session has no stream delete)."""
-    st = s._engine.streams.pop(name)
-    s._engine.pool.release(st.table.blocks)
+    st = s.engine.streams.pop(name)
+    s.engine.pool.release(st.table.blocks)
 
 
 def fresh(s: Session, name: str, system: str, text: str) -> str:
@@ -43,7 +43,7 @@ class _Timer:
         t0 = self.clock()
         self.s.generate(1, stream=name, memory_k=k)
         dt = self.clock() - t0
-        st = self.s._engine.streams[name]
+        st = self.s.engine.streams[name]
         out = (dt, len(st.ids), st.region.fact_ids if st.region else ())
         drop(self.s, name)
         return out

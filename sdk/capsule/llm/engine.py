@@ -200,7 +200,7 @@ class Engine:
             active = still
             if not active:
                 break
-            logits = self.runner.decode([self._next_row(s) for s in active])
+            logits = self.runner.decode([self.next_row(s) for s in active])
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams,
                 generators: list[torch.Generator | None]) -> list[tuple[int, bytes]]:
@@ -235,7 +235,9 @@ class Engine:
             s.table.truncate(n - 1)  # recompute the last token to get its logits
         return self.runner.prefill(s.ids_slice(s.table.num_cached), s.table)
 
-    def _next_row(self, s: Stream) -> DecodeRow:
+    def next_row(self, s: Stream) -> DecodeRow:
+        """The decode row of the stream's next step (its last id, at the next position); the
+        stream counts that position as cached from now on (the step writes its K/V)."""
         i = s.n_ids - 1
         s.table.ensure_capacity(i + 1)
         row = DecodeRow(s.last_id, s.table.position(i), s.table.slots(i, i + 1)[0],

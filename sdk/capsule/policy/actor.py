@@ -12,18 +12,21 @@ Threading: not thread-safe; the Session serializes calls.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from ..state.regions import RegionRegistry
 
+if TYPE_CHECKING:
+    from .runner import PolicyRunner
+
 
 class Actor:
     """Serves one action per call from a policy (see the module docstring)."""
 
-    def __init__(self, runner: Any, registry: RegionRegistry | None = None) -> None:
+    def __init__(self, runner: "PolicyRunner", registry: RegionRegistry | None = None) -> None:
         self.runner = runner
         shape = tuple(runner.spec.action_shape)
         self.chunked = len(shape) == 2

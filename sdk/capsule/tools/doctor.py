@@ -40,7 +40,7 @@ def _session_tokens(work: Path, device: str, n: int = 8) -> tuple[float, str]:
         t0 = time.perf_counter()
         s.generate(n)
         per_token = (time.perf_counter() - t0) / n
-        return per_token, "graphs on" if s._engine.runner.uses_graphs else "eager"
+        return per_token, "graphs on" if s.engine.runner.uses_graphs else "eager"
 
 
 def probe_torch_cpu(work: Path) -> Check:
