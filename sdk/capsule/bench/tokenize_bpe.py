@@ -16,7 +16,8 @@ import torch
 
 from edge_kernels.bpe import merge_packed, pack_pieces
 
-from ..tokenize.reference import FAMILIES, load_reference
+from ..tokenize.reference import load_reference
+from ..tokenize.registry import family_names
 from ..tokenize.tensor_bpe import TensorBpe
 from . import BenchOptions, SuiteResult
 from .tokenize import real_text
@@ -45,7 +46,7 @@ def _one(fam: str, text: str, reps: int, cuda: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     plan = bpe.pre_tokenize(text)
     pre_ms = (time.perf_counter() - t0) * 1e3
-    pieces = [p for p in plan if isinstance(p, bytes) and p not in bpe._whole]
+    pieces = [p for p in plan if isinstance(p, bytes) and p not in bpe.whole_pieces]
     packed = pack_pieces(pieces, bpe.table)
     row: dict[str, Any] = {
         "family": fam, "chars": len(text), "pieces": len(plan), "kernel_pieces": len(pieces),
@@ -70,7 +71,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     cuda = torch.cuda.is_available() and opts.device in ("auto", "cuda")
     text = real_text(n)
     rows = []
-    for fam in FAMILIES:
+    for fam in family_names():
         rows.append(_one(fam, text, reps, cuda))
         if opts.progress:
             r = rows[-1]
@@ -84,7 +85,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                {"target": "exact: TensorBpe ids == reference ids",
                 "measured": str(all(r["exact"] and r.get("exact_cuda", True) for r in rows)),
                 "met": "yes" if all(r["exact"] and r.get("exact_cuda", True) for r in rows) else "NO"}]
-    settings = {"chars": n, "reps": reps, "families": list(FAMILIES), "cuda": cuda,
+    settings = {"chars": n, "reps": reps, "families": list(family_names()), "cuda": cuda,
                 "text": "installed .py sources in sorted order (as the tokenize suite)",
                 "kernel": "pieces that are not whole tokens, packed once; merge rounds only",
                 "quick": opts.quick}

@@ -1,4 +1,4 @@
-"""`capsule bench --suite tokenize-diff`: the differential campaign over all four families.
+"""`capsule bench --suite tokenize-diff`: the differential campaign over every registered family.
 
 Each check is one append or tail replacement compared with the reference on the full text
 (``run_differential``); any divergence comes back with a reproducer (source, seam, text hash,
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..tokenize.differential import run_differential
-from ..tokenize.reference import FAMILIES
+from ..tokenize.registry import family_names
 from . import BenchOptions, SuiteResult
 
 DEFAULT_CHECKS, QUICK_CHECKS = 250_000, 5_000
@@ -19,14 +19,15 @@ SEED = 0
 
 def run(opts: BenchOptions) -> SuiteResult:
     n = opts.steps or (QUICK_CHECKS if opts.quick else DEFAULT_CHECKS)
-    settings = {"families": list(FAMILIES), "checks_per_family": n, "seed": SEED, "max_chars": 3000,
+    names = family_names()
+    settings = {"families": list(names), "checks_per_family": n, "seed": SEED, "max_chars": 3000,
                 "check": "tok.ids == reference.encode(tok.text) after every append/replace_tail",
                 "bpe_check": "TensorBpe(ref).encode_batch(texts) == reference.encode(text) for every "
                              "stream's whole text (64 texts per kernel pass, CPU tensors)",
                 "quick": opts.quick}
     families: dict[str, Any] = {}
     divergences: list[dict[str, Any]] = []
-    for fam in FAMILIES:  # one family per call, so a line per family is printed as it finishes
+    for fam in names:  # one family per call, so a line per family is printed as it finishes
         out = run_differential([fam], n_checks=n, seed=SEED, bpe=True)
         families[fam] = out["families"][fam]
         divergences += out["divergences"]

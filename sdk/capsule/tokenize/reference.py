@@ -13,21 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from ..errors import TokenizerError
-from . import disk_cache, families, sources
+from . import disk_cache, families, registry, sources
 from .families import Parts
 from .lazy import LazyParts, cached_parts
-
-FAMILIES = ("cl100k_base", "qwen2.5", "qwen3.6", "deepseek-v4")
-ALIASES = {"cl100k": "cl100k_base", "cl100k_base": "cl100k_base",
-           "qwen2.5": "qwen2.5", "qwen2": "qwen2.5",
-           "qwen3.6": "qwen3.6", "qwen3.5": "qwen3.6",
-           "deepseek-v4": "deepseek-v4", "deepseek": "deepseek-v4"}
-_BUILDERS: dict[str, Callable[[str], Parts]] = {
-    "cl100k_base": lambda name: families.cl100k(),
-    "qwen2.5": lambda name: families.qwen(name, "qwen2.5-72b-instruct"),
-    "qwen3.6": lambda name: families.qwen(name, "qwen3.6-27b"),
-    "deepseek-v4": families.deepseek,
-}
 
 
 class ReferenceTokenizer:
@@ -190,8 +178,8 @@ def load_reference(name_or_path: str | os.PathLike[str], *, pattern: str | None 
                    prefetch: bool = True) -> ReferenceTokenizer:
     """The shared reference tokenizer for a family name or a tokenizer file.
 
-    Names (case-insensitive): cl100k_base (cl100k), qwen2.5 (qwen2), qwen3.6 (qwen3.5),
-    deepseek-v4 (deepseek). Paths: a tokenizer.json, a directory holding one, or a
+    Names (case-insensitive): a registered family or alias (``registry``: cl100k_base,
+    qwen2.5, qwen3.6, deepseek-v4, ...). Paths: a tokenizer.json, a directory holding one, or a
     ``*.tiktoken`` rank file, which needs ``pattern=`` and may take ``special_tokens=``.
 
     When served from the disk cache the encoder is built on first need; ``prefetch`` starts
@@ -240,18 +228,18 @@ def _resolve(name_or_path: Any, pattern: str | None, special_tokens: Mapping[str
              ) -> _Resolved:
     """(in-process key, name, full builder, the files the disk cache stamps)."""
     if isinstance(name_or_path, str):
-        family = ALIASES.get(name_or_path.strip().lower())
-        if family is not None:   # a family name wins; a local dir of that name needs "./"
+        fam = registry.find_family(name_or_path)
+        if fam is not None:   # a family name wins; a local dir of that name needs "./"
             if pattern is not None or special_tokens is not None:
                 raise ValueError(f"pattern= and special_tokens= apply only to a .tiktoken file, "
-                                 f"not to the {family} family")
-            return (("family", family), family, lambda: _BUILDERS[family](family),
-                    lambda: sources.source_files(family))
+                                 f"not to the {fam.name} family")
+            return (("family", fam.name), fam.name, lambda: fam.builder.build(fam),
+                    fam.source_files)
         if not _looks_like_path(name_or_path):
-            raise ValueError(f"unknown tokenizer {name_or_path!r}: expected one of "
-                             f"{', '.join(FAMILIES)} (aliases: {', '.join(sorted(ALIASES))}), "
-                             "or a path to a tokenizer.json (or a directory holding one) or to a "
-                             ".tiktoken rank file (with pattern=)")
+            raise registry.UnknownFamily(
+                f"unknown tokenizer {name_or_path!r}: expected {registry.known_names()}, or a "
+                "path to a tokenizer.json (or a directory holding one) or to a .tiktoken rank "
+                "file (with pattern=)")
     elif not isinstance(name_or_path, os.PathLike):
         raise TypeError(f"tokenizer must be a family name or a path, not "
                         f"{type(name_or_path).__name__}")
@@ -278,7 +266,7 @@ def _resolve(name_or_path: Any, pattern: str | None, special_tokens: Mapping[str
                          "directory holding one) or a .tiktoken rank file")
     path = path.resolve()
     name = f"file:{path}"
-    files = lambda: sources.source_files(path=path)   # noqa: E731
+    files = lambda: sources.file_sources(path)   # noqa: E731
     if suffix == ".tiktoken":
         key: Hashable = ("tiktoken", str(path), pattern, tuple(sorted(specials.items())))
         return key, name, lambda: families.tiktoken_file(path, str(pattern), specials), files

