@@ -73,7 +73,7 @@ def test_memory_reencode_cli(tmp_path, capsys):
     assert main(argv) == 0                              # nothing left to do
     assert "re-encoded 0 of 3 fact(s)" in capsys.readouterr().out
     with Session.open(store, model="builtin:small", device="cpu", memory={"embedder": None}) as s:
-        infos = s.store.facts()
+        infos = s.memory.store.facts()
         assert {i.fingerprint for i in infos} == {s.memory.fingerprint} != {tiny_fp}
         s.append("user: where is the charger?\nassistant:")
         s.generate(2, memory_k=2)                       # the re-encoded K/V fit the small model
@@ -104,7 +104,8 @@ def test_memory_reencode_names_a_fact_with_a_damaged_row(tmp_path, capsys):
     with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
         ids = [s.remember(t) for t in FACTS]
     con = sqlite3.connect(store / "index.sqlite")
-    con.execute("UPDATE facts SET tags='{not json' WHERE id=?", (ids[1],))
+    con.execute("UPDATE records SET row = json_set(row, '$.tags', '{not json') WHERE collection = 'fact' AND id = ?",
+                (ids[1],))
     con.commit()
     con.close()
     assert main(["memory", "reencode", str(store), "--model", "builtin:small", "--device", "cpu"]) == 1

@@ -181,17 +181,18 @@ def test_verify_lists_damaged_memory_facts(tmp_path, capsys):
     assert main(["verify", str(store)]) == 0
     assert "OK" in capsys.readouterr().out
     con = sqlite3.connect(store / "index.sqlite")
-    for change in ("tags = '{not json'", "n_tokens = n_tokens + 1", "text = 'Alice likes black coffee.'",
-                   "n_tokens = 'many'"):
-        con.execute(f"UPDATE facts SET {change} WHERE id = ?", (ids.pop(0),))
+    for change in ("'$.tags', '{not json'", "'$.n_tokens', json_extract(row, '$.n_tokens') + 1",
+                   "'$.text', 'Alice likes black coffee.'", "'$.n_tokens', 'many'"):
+        con.execute(f"UPDATE records SET row = json_set(row, {change}) WHERE collection = 'fact' AND id = ?",
+                    (ids.pop(0),))
     con.commit()
     con.close()
     assert main(["verify", str(store)]) == 1
     out = capsys.readouterr().out
     assert "DAMAGED" in out and "damaged memory facts (never injected): 1, 2, 3, 4;" in out, out
-    assert "problem: fact 1: index row: tags: not a JSON list of strings: '{not json'" in out
-    assert re.search(r"problem: fact 2: KV header holds T=(\d+) tokens; its row says n_tokens=(\d+)", out)
-    assert "problem: fact 3: text: text differs from the text its KV record was encoded from" in out
+    assert "problem: fact 1: index row: tags: tags must be a sequence of str (e.g. a tuple), got str" in out
+    edited = "differs from the row its record was written with (the index was edited"   # the record holds its row
+    assert f"problem: fact 2: {edited}" in out and f"problem: fact 3: {edited}" in out
     assert "problem: fact 4: index row: n_tokens: " in out and "fact 5" not in out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from collections import deque
@@ -190,6 +191,12 @@ def test_the_store_knows_nothing_of_models():
     bad = sorted({f"{i.source} imports {i.target}" for i in capsule_imports()
                   if room(i.source) == "store" and room(i.target) in higher})
     assert not bad, "\n".join(bad)
+    # nor of memory facts: their columns, search and embeddings live in memory/ (on keyed records)
+    store = REPO / "sdk" / "capsule" / "store"
+    assert not sorted(p.name for p in store.glob("fact*.py"))
+    words = re.compile(r"bm25|n_tokens|\brope\b|embedding|fingerprint", re.I)
+    assert not [f"{p.name}: {line.strip()}" for p in store.glob("*.py") for line in p.read_text().splitlines()
+                if words.search(line)]
 
 
 def test_devices_and_edge_kernels_import_only_errors_from_capsule():
@@ -214,3 +221,49 @@ def test_every_profile_engine_is_registered():
     # devices (below capsule) validates profile YAMLs with its own list of names: keep it the registry's
     own = getattr(devices.profile, "ENGINES", None)
     assert own is None or set(own) == registered, f"devices/profile.py ENGINES {own} != registry {registered}"
+
+
+# Private attributes of objects from other libraries that have no public equivalent: why each
+THIRD_PARTY_PRIVATE = {
+    ("capsule.tokenize.families", "_pat_str"): "tiktoken.Encoding keeps its split pattern only there",
+    ("capsule.tokenize.families", "_special_tokens"): "tiktoken.Encoding: the special-token table",
+    ("capsule.tokenize.kinds", "_vocab_file"): "a transformers tokenizer's vocabulary path",
+    ("capsule.tokenize.kinds", "_tokenizer"): "a transformers fast tokenizer's Rust tokenizer",
+}
+
+
+def _own_private_names(tree: ast.Module) -> set[str]:
+    """Private names a module defines: its functions and classes (and their methods), and every
+    attribute it assigns (self._x = ..., obj._x = ..., class-level _x = ..., __slots__)."""
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own.add(node.target.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            own.add(node.value)      # __slots__ entries, object.__setattr__(self, "_x", ...)
+    return {n for n in own if n.startswith("_")}
+
+
+def test_no_module_touches_a_private_attribute_of_another():
+    # x._name where x is not self / cls and the module itself does not define _name: a seam
+    # that should be a public attribute or method of the other module (issue 12)
+    bad = []
+    for module, path in _modules(SDK / "capsule", SDK).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        own = _own_private_names(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr in own or (module, node.attr) in THIRD_PARTY_PRIVATE:
+                continue
+            bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, "private attributes of other modules (add a public view instead):\n" + "\n".join(bad)

@@ -82,7 +82,7 @@ class MemoryPart:
             if s.region is None or not s.region.facts:
                 continue
             ids = s.region.fact_ids
-            known = {info.id for info in mem.store.facts(ids)}
+            known = mem.stored(ids)    # damaged ones count (not forgotten): kv() refuses them
             if known == set(ids):
                 continue
             kept = [(f, kv.kv) for f in ids if f in known and (kv := mem.kv(f)) is not None]

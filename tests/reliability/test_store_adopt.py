@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from capsule.memory.facttable import FactTable
 from capsule.store import FileOps, Store
 
 from test_store_findings import pages_for, view
@@ -57,22 +58,22 @@ def test_an_uncommitted_fact_and_forget_are_adopted(tmp_path):
     fs = ImageAtFsync(src, tmp_path / "img-add")
     with Store.open(src, fs=fs) as st:
         st.write_epoch(pages_for(1), b"{}")
-        first = st.add_fact("The charger is in bay 2.", tags=["place"], n_tokens=6, fingerprint="f", rope="r",
+        first = FactTable(st).add_fact("The charger is in bay 2.", tags=["place"], n_tokens=6, fingerprint="f", rope="r",
                             kv=b"kv-one")
         fs.armed = True
-        second = st.add_fact("The red cup is fragile.", n_tokens=5, fingerprint="f", rope="r", kv=b"kv-two")
+        second = FactTable(st).add_fact("The red cup is fragile.", n_tokens=5, fingerprint="f", rope="r", kv=b"kv-two")
         fs.dst, fs.armed = tmp_path / "img-forget", True
-        st.forget_fact(first)
+        FactTable(st).forget_fact(first)
     with Store.open(tmp_path / "img-add") as st:
         assert "adopted" in st.recovery_report[0]
-        assert [(f.id, f.text, f.tags) for f in st.facts()] == [(first, "The charger is in bay 2.", ("place",)),
+        assert [(f.id, f.text, f.tags) for f in FactTable(st).facts()] == [(first, "The charger is in bay 2.", ("place",)),
                                                                (second, "The red cup is fragile.", ())]
-        assert st.fact_kv(second) == b"kv-two" and st.verify().ok
-        assert st.add_fact("later", n_tokens=1, fingerprint="f", rope="r", kv=b"x") == second + 1
+        assert FactTable(st).fact_kv(second) == b"kv-two" and st.verify().ok
+        assert FactTable(st).add_fact("later", n_tokens=1, fingerprint="f", rope="r", kv=b"x") == second + 1
     with Store.open(tmp_path / "img-forget") as st:
-        assert "adopted" in st.recovery_report[0] and [f.id for f in st.facts()] == [second]
+        assert "adopted" in st.recovery_report[0] and [f.id for f in FactTable(st).facts()] == [second]
         st.repair()                                                     # and a rebuild agrees
-        assert [f.id for f in st.facts()] == [second] and st.fact_kv(second) == b"kv-two"
+        assert [f.id for f in FactTable(st).facts()] == [second] and FactTable(st).fact_kv(second) == b"kv-two"
 
 
 def test_after_compaction_the_index_still_names_the_log_head(tmp_path):

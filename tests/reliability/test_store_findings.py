@@ -17,7 +17,7 @@ import pytest
 from capsule.errors import CapsuleError
 from capsule.store import Store
 
-from test_store_facts import sql
+from test_memory_facts import sql
 
 KEY_A, KEY_B = b"a" * 32, b"b" * 32
 N = 12

@@ -81,7 +81,7 @@ def _recall(tmp: Path, opts: BenchOptions, n_facts: int, n_remember: int, n_quer
     path, open_kw = tmp / "recall", dict(model=opts.model, device=opts.device,
                                          runtime={"kv_pool_mb": 64, "max_context": MAX_CONTEXT})
     with Session.open(path, memory={"embedder": spec}, **open_kw) as s:
-        mem, store = s.memory, s.store
+        mem, store = s.memory, s.memory.store     # store: the store's facts (a FactTable)
         s.remember(facts[0][0])                          # warm-up (loads the embedder)
         t0 = time.perf_counter()
         for text, _ in facts[1:n_remember]:
@@ -120,7 +120,7 @@ def _recall(tmp: Path, opts: BenchOptions, n_facts: int, n_remember: int, n_quer
         t0 = time.perf_counter()
         s.recall(queries[0], RECALL_K)                   # the first recall stacks every stored embedding
         index_s = time.perf_counter() - t0
-        index = s.memory._loaded_index()
+        index = s.memory.embedding_index()
         rows.append(row("embedding only", *_lat(lambda q: index.search(emb.embed([q])[0], RECALL_K), queries),
                         note="query embed + cosine top-k"))
         rows.append(row("hybrid", *_lat(lambda q: s.recall(q, RECALL_K), queries), note="Session.recall"))

@@ -96,7 +96,7 @@ def store_child(req: dict, say) -> None:
             fid = facts.pop(rng.randrange(len(facts)))[0]
             say(f"f {fid}")
             say("@ forget_fact")
-            st.forget_fact(fid)
+            H.facts(st).forget_fact(fid)
             say(f"G {fid}")
         elif op == "retain":
             infos = st.epochs()

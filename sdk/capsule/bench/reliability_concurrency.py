@@ -10,7 +10,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from ..store import Store, UnknownEpoch, UnknownFact
+from ..memory.facterrors import UnknownFact
+from ..store import Store, UnknownEpoch
 from . import reliability_harness as H
 from . import reliability_oracle as O
 
@@ -54,7 +55,7 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
                 elif facts:
                     fid = facts.pop(0)
                     ledger.forget_tried.add(fid)
-                    st.forget_fact(fid)
+                    H.facts(st).forget_fact(fid)
                     ledger.forgotten.add(fid)
         except Exception as exc:  # noqa: BLE001
             fail(f"the writer raised {type(exc).__name__}", str(exc))
@@ -90,9 +91,9 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
                     if not report.ok:
                         fail("verify() during writes is not ok", str(list(report.problems)[:3]))
                 else:
-                    for f in st.facts():
+                    for f in H.facts(st).facts():
                         try:
-                            kv = st.fact_kv(f.id)
+                            kv = H.facts(st).fact_kv(f.id)
                         except UnknownFact:
                             continue
                         seq = H.fact_seq(f.text)

@@ -227,7 +227,7 @@ def run_workload(en: Enumerator, steps: list[tuple]) -> None:
         elif op == "forget" and facts:
             fid = facts.pop(0)[0]
             L.forget_tried.add(fid)
-            st.forget_fact(fid)
+            H.facts(st).forget_fact(fid)
             L.forgotten.add(fid)
         elif op == "retain":
             drop = [i.id for i in st.epochs()[:-H.KEEP] if i.name is None]

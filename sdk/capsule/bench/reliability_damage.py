@@ -75,7 +75,7 @@ def build_images(root: Path, seed: int, signed: bool) -> tuple[Image, Image]:
         if step == 9:
             H.set_fact_kv(st, facts[0], ledger.facts[facts[0]], 2)
             ledger.kv_tried[facts[0]] = ledger.kv_acked[facts[0]] = 2
-            st.forget_fact(facts[1])
+            H.facts(st).forget_fact(facts[1])
             ledger.forget_tried.add(facts[1])
             ledger.forgotten.add(facts[1])
         if step in (12, 19):

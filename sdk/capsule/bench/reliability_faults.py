@@ -109,7 +109,7 @@ def drive(path: Path, fs: FileOps, steps: list[tuple], key: bytes | None, ledger
             elif op == "forget" and facts:
                 fid = facts.pop(0)[0]
                 ledger.forget_tried.add(fid)
-                st.forget_fact(fid)
+                H.facts(st).forget_fact(fid)
                 ledger.forgotten.add(fid)
             elif op == "retain":
                 ledger.droppable = max([ledger.droppable] + [i.id for i in st.epochs()[:-H.KEEP] if i.name is None])

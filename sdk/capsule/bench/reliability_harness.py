@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..memory.facttable import FactTable
     from ..store import Store
 
 
@@ -112,13 +113,19 @@ def fact_kv(seq: int, variant: int) -> bytes:
         200 + (seq * 7 + variant) % 300)
 
 
+def facts(st: Store) -> FactTable:
+    """The store's memory facts (torch-free: capsule.memory loads lazily)."""
+    from ..memory.facttable import FactTable
+    return FactTable(st)
+
+
 def add_fact(st: Store, seq: int) -> int:
-    return st.add_fact(fact_text(seq), tags=["rel", f"s{seq % 7}"], n_tokens=1 + seq % 50, fingerprint="rel-fp",
-                       rope="rel-rope", kv=fact_kv(seq, 1))
+    return facts(st).add_fact(fact_text(seq), tags=["rel", f"s{seq % 7}"], n_tokens=1 + seq % 50,
+                              fingerprint="rel-fp", rope="rel-rope", kv=fact_kv(seq, 1))
 
 
 def set_fact_kv(st: Store, fid: int, seq: int, variant: int) -> None:
-    st.set_fact_kv(fid, n_tokens=1 + seq % 50, fingerprint="rel-fp", rope="rel-rope", kv=fact_kv(seq, variant))
+    facts(st).set_fact_kv(fid, n_tokens=1 + seq % 50, fingerprint="rel-fp", rope="rel-rope", kv=fact_kv(seq, variant))
 
 
 # -- the ledger -------------------------------------------------------------------------------------

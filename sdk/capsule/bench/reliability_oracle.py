@@ -11,7 +11,9 @@ import warnings
 from pathlib import Path
 
 from ..errors import CapsuleError
-from ..store import Store, UnknownFact
+from ..memory.facterrors import UnknownFact
+from ..store import Store
+from . import reliability_harness as H
 from .reliability_harness import (SEGMENT_BYTES, Ledger, epoch_name, expected_view, fact_kv, fact_seq, manifest,
                                   pages_for, span)
 
@@ -49,7 +51,7 @@ def check_facts(st: Store, ledger: Ledger | None, *, strict: bool) -> list[str]:
     problems = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        infos = st.facts()
+        infos = H.facts(st).facts()
     if strict and caught:
         problems.append(f"facts(): warnings {[str(w.message)[:120] for w in caught]}")
     present = {f.id: f for f in infos}
@@ -59,7 +61,7 @@ def check_facts(st: Store, ledger: Ledger | None, *, strict: bool) -> list[str]:
             problems.append(f"fact {fid}: unknown text {info.text[:60]!r}")
             continue
         try:
-            kv = st.fact_kv(fid)
+            kv = H.facts(st).fact_kv(fid)
         except CapsuleError as exc:
             if strict:
                 problems.append(f"fact {fid}: fact_kv raised {type(exc).__name__}: {exc}")
@@ -81,13 +83,13 @@ def check_facts(st: Store, ledger: Ledger | None, *, strict: bool) -> list[str]:
                 problems.append(f"fact {fid} was forgotten (acknowledged) but is back")
             else:
                 try:
-                    st.fact_kv(fid)
+                    H.facts(st).fact_kv(fid)
                     problems.append(f"fact {fid} was forgotten (acknowledged) but fact_kv still reads it")
                 except UnknownFact:
                     pass
                 except CapsuleError as exc:
                     problems.append(f"forgotten fact {fid}: fact_kv raised {type(exc).__name__}, not UnknownFact")
-        damaged = st.damaged_facts()
+        damaged = H.facts(st).damaged_facts()
         if damaged:
             problems.append(f"damaged facts after a kill: {damaged[:4]}")
     return problems

@@ -1,8 +1,9 @@
 """A Session's persistent memory: remember / forget / recall facts, and their K/V for injection.
 
-Facts live in the session's store (text, tags and an embedding in SQLite, pre-RoPE K/V in the
-segment log), so they survive processes and power cuts. Retrieval needs no extra model: FTS5
-BM25 over the texts, fused with cosine similarity when an embedder (MiniLM) is present.
+Facts live in the session's store as keyed records (facttable.py: text, tags and the embedding in
+the index, pre-RoPE K/V in the segment log), so they survive processes and power cuts. Retrieval
+needs no extra model: FTS5 BM25 over the texts (factsearch.py), fused with cosine similarity
+when an embedder (MiniLM) is present.
 
 Threading: not thread-safe on its own; the Session serializes calls.
 """
@@ -19,11 +20,13 @@ import numpy as np
 import torch
 
 from ..errors import CapsuleCorrupt, StoreError
-from ..store.errors import DamagedFactWarning, UnknownFact
+from ..store import Store
 from ..llm.model import Decoder
 from ..tokenize import ReferenceTokenizer
 from .embedder import Embedder, load_embedder
 from .encode import FactKV, encode_fact
+from .facterrors import DamagedFactWarning, UnknownFact
+from .facttable import FactTable
 from .ranking import EmbeddingIndex, fuse
 
 
@@ -80,9 +83,11 @@ class Fact:
 class Memory:
     """The facts of one store, encoded for one model."""
 
-    def __init__(self, store: Any, model: Decoder, tokenizer: ReferenceTokenizer,
+    def __init__(self, store: Store, model: Decoder, tokenizer: ReferenceTokenizer,
                  config: MemoryConfig, model_fingerprint: str) -> None:
-        self.store, self.model, self.tokenizer, self.config = store, model, tokenizer, config
+        # store: the facts of the session's store (a FactTable over its keyed records)
+        self.store = store if isinstance(store, FactTable) else FactTable(store)
+        self.model, self.tokenizer, self.config = model, tokenizer, config
         cfg = model.cfg
         # K/V depend on the weights and their dtype; the rope settings say how keys rotate
         self.fingerprint = f"{model_fingerprint}:{str(model.dtype).replace('torch.', '')}"
@@ -196,6 +201,17 @@ class Memory:
 
     def count(self) -> int:
         return self.store.count_facts()
+
+    def stored(self, ids: Iterable[int]) -> set[int]:
+        """Those of ids the store still holds (not forgotten; damaged facts included)."""
+        return self.store.stored(ids)
+
+    def embedding_index(self) -> EmbeddingIndex | None:
+        """The cosine index over every fact's embedding (loaded on first use, facts embedded by
+        another model redone); None without an embedder."""
+        if self._embed([]) is None:
+            return None
+        return self._loaded_index()
 
     # -- internals ----------------------------------------------------------------------------
     def _fact_ids(self, text: str) -> list[int]:

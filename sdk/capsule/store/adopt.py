@@ -1,11 +1,11 @@
 """Rolling the index forward over the log's tail: what a crash between the fsync and the index
-commit leaves (complete epochs, facts and forgets whose records are durable, never committed).
+commit leaves (complete epochs, keyed records and forgets whose records are durable, never committed).
 
 A process that dies in that window is common (the commit is an fsync of its own), and a whole-log
 rebuild for it would make every such restart O(history). The tail alone says what to add: each
 envelope lists its view, so an epoch right after the index's newest whose new pages are in the
 tail, and whose other pages are the ones the index already holds (by identity and tag), is
-committed as the writer would have; fact and forget records carry their rows. Anything else
+committed as the writer would have; keyed and forget records carry their rows. Anything else
 (a gap in epoch numbers, another store's record, a listed record found nowhere) returns None and
 the caller rebuilds the index from the whole log instead.
 
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safejson
-from . import envelope, factdb, factrecord
+from . import envelope, keyeddb, keyedrecord
 from .commit import listing_of
 from .envelope import Envelope, Listing
 from .errors import StoreError
 from .index import Index, insert_epochs
 from .info import EpochInfo, Head, PageRef, StagedEpoch
-from .records import FACT_REGION, KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_PAGE, RecordError, Sealer
+from .records import KIND_EPOCH, KIND_FORGET, KIND_PAGE, KIND_RECORD, RecordError, Sealer
 from .scan import Scanned, SegmentScan, open_segment, payload
 from .segments import Position, segment_path
 
@@ -33,14 +33,14 @@ from .segments import Position, segment_path
 @dataclass
 class _Plan:
     staged: list[StagedEpoch] = field(default_factory=list)
-    facts: list[tuple[Scanned, factrecord.FactMeta]] = field(default_factory=list)
+    records: list[tuple[Scanned, keyedrecord.Head]] = field(default_factory=list)
     forgets: list[Scanned] = field(default_factory=list)
     last: Scanned | None = None          # the last record adopted (the log's new head)
 
 
 def adopt_tail(seg_dir: Path, index: Index, sealer: Sealer, store_id: str,
                tails: list[SegmentScan]) -> list[str] | None:
-    """Commit the tail's complete epochs, facts and forgets into the index in one transaction;
+    """Commit the tail's complete epochs, keyed records and forgets into the index in one transaction;
     report lines, or None when the tail cannot be adopted record by record (rebuild instead)."""
     try:
         plan = _plan(seg_dir, index, sealer, store_id, tails)
@@ -62,8 +62,8 @@ def adopt_tail(seg_dir: Path, index: Index, sealer: Sealer, store_id: str,
         ids = [s.info.id for s in plan.staged]
         lines.append(f"epoch(s) {', '.join(map(str, ids))} complete in the log but not committed when the "
                      f"process stopped: adopted")
-    if plan.facts or plan.forgets:
-        lines.append(f"{len(plan.facts)} fact write(s) and {len(plan.forgets)} forget(s) complete in the log "
+    if plan.records or plan.forgets:
+        lines.append(f"{len(plan.records)} keyed record write(s) and {len(plan.forgets)} forget(s) complete in the log "
                      f"but not committed when the process stopped: adopted")
     return lines
 
@@ -91,11 +91,11 @@ def _plan(seg_dir: Path, index: Index, sealer: Sealer, store_id: str, tails: lis
                           env.base), PageRef(None, None, env.epoch, rec.segment, rec.offset, rec.length),
                 tuple(rows), Position(None, 0)))
             latest, prev = env.epoch, env.listing
-        elif rec.kind == KIND_FACT:
-            meta, _ = factrecord.decode(payload(seg_dir, rec, sealer))
-            if meta is None or meta.store_id != store_id:
+        elif rec.kind == KIND_RECORD:
+            head, _ = keyedrecord.decode(payload(seg_dir, rec, sealer))
+            if head is None or head.store_id != store_id:
                 return None
-            plan.facts.append((rec, meta))
+            plan.records.append((rec, head))
         elif rec.kind == KIND_FORGET:
             forget = safejson.loads(payload(seg_dir, rec, sealer), what="forget record", max_bytes=4096)
             if not isinstance(forget, dict) or forget.get("store") != store_id:
@@ -161,7 +161,7 @@ def _ends(index: Index, plan: _Plan) -> dict[int, int]:
     ends: dict[int, int] = {}
     recs = [s.manifest for s in plan.staged] + [r for s in plan.staged for r in s.rows if r.segment is not None]
     spans = [(r.segment, r.offset + r.length) for r in recs]    # type: ignore[operator]
-    spans += [(r.segment, r.offset + r.length) for r, _ in plan.facts]
+    spans += [(r.segment, r.offset + r.length) for r, _ in plan.records]
     spans += [(r.segment, r.offset + r.length) for r in plan.forgets]
     live = index.segments("live")
     for seg, end in spans:
@@ -172,13 +172,9 @@ def _ends(index: Index, plan: _Plan) -> dict[int, int]:
 
 def _apply(c: sqlite3.Connection, plan: _Plan) -> None:
     insert_epochs(c, plan.staged)
-    for rec, meta in plan.facts:
-        ref = PageRef(FACT_REGION, rec.index, rec.epoch, rec.segment, rec.offset, rec.length, KIND_FACT)
-        if c.execute("SELECT 1 FROM facts WHERE id = ?", (rec.index,)).fetchall():
-            factdb.set_kv(c, rec.index, meta.n_tokens, meta.fingerprint, meta.rope, ref)
-        else:
-            factdb.insert(c, rec.index, meta.text, list(meta.tags), meta.n_tokens, meta.fingerprint, meta.rope,
-                          meta.created, ref, None, None)
+    for rec, head in plan.records:
+        keyeddb.put(c, rec.region, rec.index, head.row,
+                    PageRef(rec.region, rec.index, rec.epoch, rec.segment, rec.offset, rec.length, KIND_RECORD))
     for rec in plan.forgets:
-        factdb.forget(c, rec.index, PageRef(FACT_REGION, rec.index, rec.epoch, rec.segment, rec.offset, rec.length,
-                                            KIND_FORGET))
+        keyeddb.forget(c, rec.region, rec.index,
+                       keyeddb.forget_ref(rec.region, rec.index, rec.epoch, rec.segment, rec.offset, rec.length))

@@ -176,7 +176,7 @@ class Committer:
 
     def commit_record(self, kind: int, epoch: int, region: str, index: int, data: Any, what: str,
                       apply: Callable[[sqlite3.Connection, PageRef], None]) -> PageRef:
-        """One record outside any epoch (a fact's KV), durable when this returns: staged epochs
+        """One record outside any epoch (a keyed record), durable when this returns: staged epochs
         commit first (writer.sync covers every byte since the last commit, so they may not sit
         uncommitted before it), then append -> fsync -> ONE index transaction running
         apply(conn, ref) with the segments' new ends. On failure nothing of it stays."""

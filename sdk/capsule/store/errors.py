@@ -28,8 +28,8 @@ class UnknownEpoch(StoreError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class UnknownFact(StoreError, KeyError):
-    """A fact id the store does not hold (never added, or forgotten: ids are never reused)."""
+class UnknownRecord(StoreError, KeyError):
+    """A keyed record id the store does not hold (never put, or forgotten: ids are never reused)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -68,45 +68,41 @@ class PageCorrupt(CapsuleCorrupt):
                                         self.reason, self.loading))
 
 
-class FactCorrupt(PageCorrupt):
-    """A fact's KV record failed verification: region is "fact", index the fact id, epoch 0 (facts
-    belong to no epoch); `version` is the KV version the index expects."""
+class RecordCorrupt(PageCorrupt):
+    """A keyed record failed verification: region is its collection, index its id, epoch 0 (keyed
+    records belong to no epoch); `version` is the version the index expects."""
 
-    def __init__(self, fact_id: int, version: int, segment: int, offset: int, reason: str):
-        self.epoch, self.region, self.index, self.loading, self.version = 0, "fact", fact_id, 0, version
+    def __init__(self, collection: str, record_id: int, version: int, segment: int, offset: int, reason: str):
+        self.epoch, self.region, self.index, self.loading, self.version = 0, collection, record_id, 0, version
         self.segment, self.offset, self.reason = segment, offset, reason
-        CapsuleCorrupt.__init__(self, f"{self.summary}. Other facts and every epoch are unaffected; re-encode "
-                                      f"it (Store.set_fact_kv) or forget it; `capsule verify` lists all damage")
+        CapsuleCorrupt.__init__(self, f"{self.summary}. Other records and every epoch are unaffected; put it "
+                                      f"again or forget it; `capsule verify` lists all damage")
 
     @property
-    def fact_id(self) -> int:
+    def record_id(self) -> int:
         return self.index  # type: ignore[return-value]
 
     @property
     def summary(self) -> str:
-        return (f"fact {self.index}: its KV record (version {self.version}, segment {self.segment:06d}, "
+        return (f"{self.region} {self.index}: its record (version {self.version}, segment {self.segment:06d}, "
                 f"offset {self.offset}) is corrupt: {self.reason}")
 
     def __reduce__(self):
-        return (FactCorrupt, (self.index, self.version, self.segment, self.offset, self.reason))
+        return (type(self), (self.region, self.index, self.version, self.segment, self.offset, self.reason))
 
 
-class FactRowCorrupt(CapsuleCorrupt):
-    """A fact's index row is damaged: a field fails the checks add_fact makes, or its text is not
-    the text its KV record was encoded from. `fact_id` and `reason` say which and why."""
+class RecordRowCorrupt(CapsuleCorrupt):
+    """A keyed record's index row is damaged (a column fails its declared type or bounds), or
+    differs from the row its record holds. `collection`, `record_id` and `reason` say which and why."""
 
-    def __init__(self, fact_id: int, reason: str):
-        self.fact_id, self.reason = fact_id, reason
-        super().__init__(f"fact {fact_id}: its index row is damaged: {reason}. Other facts and every epoch "
-                         f"are unaffected; forget it (Store.forget_fact) and add it again; `capsule verify` "
-                         f"lists all damage")
+    def __init__(self, collection: str, record_id: int, reason: str):
+        self.collection, self.record_id, self.reason = collection, record_id, reason
+        super().__init__(f"{collection} {record_id}: its index row is damaged: {reason}. Other records and every "
+                         f"epoch are unaffected; `capsule repair` rebuilds the row from its record, or forget "
+                         f"it; `capsule verify` lists all damage")
 
     def __reduce__(self):
-        return (FactRowCorrupt, (self.fact_id, self.reason))
-
-
-class DamagedFactWarning(UserWarning):
-    """A damaged fact was left out of a listing (Store.facts, fact_embeddings, search without FTS5)."""
+        return (type(self), (self.collection, self.record_id, self.reason))
 
 
 def _rebuild_page_corrupt(*args) -> PageCorrupt:
@@ -115,5 +111,5 @@ def _rebuild_page_corrupt(*args) -> PageCorrupt:
 
 
 __all__ = ["StoreError", "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError", "UnsafeStore",
-           "UnknownEpoch", "UnknownFact", "IndexCorrupt", "IndexStale", "PageCorrupt", "FactCorrupt", "FactRowCorrupt",
-           "DamagedFactWarning"]
+           "UnknownEpoch", "UnknownRecord", "IndexCorrupt", "IndexStale", "PageCorrupt",
+           "RecordCorrupt", "RecordRowCorrupt"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..errors import StoreError
-from . import factdb, rows, schema
+from . import keyeddb, rows, schema
 from . import fsafe
 from .errors import IndexCorrupt, StoreIOError
 from .info import EpochInfo, Head, PageRef, StagedEpoch
@@ -26,8 +26,8 @@ _EPOCH_COLS = "id, name, created, bytes_written, n_pages, meta, base"
 # (table, segment, offset, length columns, filter): where rows point at records
 _LOCATIONS = (("pages", "segment", "offset", "length", " WHERE segment IS NOT NULL"),
               ("epochs", "man_segment", "man_offset", "man_length", ""),
-              ("facts", "kv_segment", "kv_offset", "kv_length", ""),
-              ("forgets", "segment", "offset", "length", ""))
+              ("records", "segment", "offset", "length", ""),
+              ("forgotten", "segment", "offset", "length", ""))
 
 
 def _create(path: Path) -> None:
@@ -97,9 +97,9 @@ class Index:
                     if segments_exist:
                         raise IndexCorrupt(damaged)
                     index._create_schema()
-                elif factdb.needs_schema(conn):  # a store made before facts: gains the tables
-                    with index.transaction("adding the fact tables") as c:
-                        factdb.create_schema(c)
+                elif not keyeddb.has_tables(conn):  # an older store: gains them (upgrade.py fills them)
+                    with index.transaction("adding the keyed-record tables") as c:
+                        keyeddb.create_schema(c)
         except BaseException:
             conn.close()
             raise
@@ -139,7 +139,7 @@ class Index:
         with self._guard("reading"):
             return self._conn.execute(sql, tuple(args)).fetchall()
 
-    query = _query  # for factdb, which keeps the fact SQL out of this module
+    query = _query  # for keyeddb, which keeps the keyed-record SQL out of this module
 
     def write(self, what: str, apply: Callable[[sqlite3.Connection], None],
               ends: dict[int, int] | None = None, head: Head | None = None) -> None:
@@ -259,7 +259,7 @@ class Index:
 
     def live_records(self, segment: int | None = None) -> list[tuple[int, int, int]]:
         """Distinct (segment, offset, length) of every record some row points at (pages,
-        manifests, facts' KV, forget records), in file order."""
+        manifests, keyed records, forget records), in file order."""
         if segment is None:
             sql, args = " UNION ".join(f"SELECT {s}, {o}, {n} FROM {t}{f}" for t, s, o, n, f in _LOCATIONS), ()
         else:
@@ -278,10 +278,9 @@ class Index:
                           (nseg, noff, seg, off))
                 c.execute("UPDATE epochs SET man_segment = ?, man_offset = ? "
                           "WHERE man_segment = ? AND man_offset = ?", (nseg, noff, seg, off))
-                c.execute("UPDATE facts SET kv_segment = ?, kv_offset = ? "
-                          "WHERE kv_segment = ? AND kv_offset = ?", (nseg, noff, seg, off))
-                c.execute("UPDATE forgets SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
-                          (nseg, noff, seg, off))
+                for table in ("records", "forgotten"):
+                    c.execute(f"UPDATE {table} SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
+                              (nseg, noff, seg, off))
             self._set_ends(c, ends, head)
             c.executemany("UPDATE segments SET state = 'dead' WHERE id = ?", [(s,) for s in dead])
 

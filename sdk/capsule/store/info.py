@@ -31,28 +31,14 @@ class VerifyReport:
     records: int
     bytes: int
     problems: tuple[str, ...]
-    facts_bad: tuple[int, ...] = ()   # ids of facts whose KV record is damaged or missing
-
-
-@dataclass(frozen=True)
-class FactInfo:
-    """One persistent memory fact (its KV payload is read with Store.fact_kv). fingerprint / rope
-    name the model and position encoding the KV was computed under; created: unix time."""
-    id: int
-    text: str
-    tags: tuple[str, ...]
-    n_tokens: int
-    fingerprint: str
-    rope: str
-    created: float
-    embedder: str | None
+    records_bad: tuple[tuple[str, int], ...] = ()   # (collection, id) of keyed records damaged or missing
 
 
 @dataclass(frozen=True)
 class PageRef:
     """Where one record lies, and what its header must say. region None: a manifest record.
     segment None: a tombstone (the page is absent from this epoch's view). kind 0: derived from
-    region (manifest / page); a fact's ref says KIND_FACT (rec_epoch = KV version, index = fact id)."""
+    region (manifest / page); a keyed record's ref says KIND_RECORD (region = collection, rec_epoch = version, index = id)."""
     region: str | None
     index: int | None
     rec_epoch: int

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from . import factdb, factrows
+from . import keyeddb
+from .keyedrows import location_damage
 from .index import Index
 from .info import Head, PageRef, VerifyReport
 from .errors import IndexStale, PageCorrupt
@@ -22,7 +23,7 @@ from .segments import FileOps, SegmentReader, SegmentWriter, list_segment_files,
 
 def retain(index: Index, keep: int) -> int:
     """Drop unnamed epochs older than the `keep` newest, and the page rows nobody sees any more.
-    Facts belong to no epoch: retention never touches them."""
+    Keyed records belong to no epoch: retention never touches them."""
     infos = index.epochs()
     dropped = [e.id for e in infos[:-keep] if e.name is None]
     if dropped:
@@ -142,22 +143,20 @@ def verify(index: Index, folder: Path, sealer: Sealer) -> VerifyReport:
             ref, why = first
             what = "manifest" if ref.region is None else f"page {ref.region}[{ref.index}]"
             problems.append(f"epoch {epoch}: {what} (segment {ref.segment}, offset {ref.offset}): {why}")
-        facts_bad = []
-        for ref in factdb.kv_refs(index):
-            why = _check(segs, sealer, ref, scanned)
+        records_bad: list[tuple[str, int]] = []
+        for ref in keyeddb.locations(index):
+            why = location_damage(ref.segment, ref.offset, ref.length) or _check(segs, sealer, ref, scanned)
             if why:
-                facts_bad.append(ref.index)
-                problems.append(f"fact {ref.index}: KV record version {ref.rec_epoch} (segment {ref.segment}, "
+                records_bad.append((ref.region, ref.index))  # type: ignore[arg-type]
+                problems.append(f"{ref.region} {ref.index}: record version {ref.rec_epoch} (segment {ref.segment}, "
                                 f"offset {ref.offset}): {why}")
-        for row in factdb.rows(index):                 # rows that listings leave out as damaged
-            why = factrows.damage(row)
-            if why:
-                if isinstance(row.id, int) and row.id not in facts_bad:
-                    facts_bad.append(row.id)
-                problems.append(f"fact {row.id}: index row: {why}")
-    problems += index.integrity_problems() + factdb.fts_problems(index)
+        for coll, rid, why in keyeddb.row_damage(index):   # rows that are not JSON objects at all
+            if (coll, rid) not in records_bad:
+                records_bad.append((coll, rid))
+            problems.append(f"{coll} {rid}: index row: {why}")
+    problems += index.integrity_problems()
     return VerifyReport(not problems, tuple(epochs_ok), tuple(epochs_bad), records, nbytes, tuple(problems),
-                        tuple(facts_bad))
+                        tuple(records_bad))
 
 
 def _against_envelope(segs: SegmentReader, sealer: Sealer, manifest: PageRef, view: list[PageRef], epoch: int,
@@ -199,4 +198,4 @@ def stats(index: Index, path: Path) -> dict[str, int | None]:
     index_bytes = sum(p.stat().st_size for p in path.glob("index.sqlite*") if p.is_file())
     return {"segments": len(live), "segment_bytes": seg_bytes, "bytes_on_disk": seg_bytes + index_bytes,
             "live_bytes": sum(length for _, _, length in index.live_records()),
-            "epochs": len(index.epoch_ids()), "latest": index.latest(), "facts": factdb.count(index)}
+            "epochs": len(index.epoch_ids()), "latest": index.latest(), "records": keyeddb.count(index)}

@@ -3,7 +3,7 @@ faithful cache, settle what lies past the committed end, and check the store's m
 
 Order (each step raises a typed error and changes nothing when it cannot proceed):
 1. open index.sqlite; damaged (IndexCorrupt) while segment files exist: rebuild it;
-2. metadata: format version (1..3; 1 and 2 are upgraded to 3 in place), signing;
+2. metadata: format version (1..4; 1..3 are upgraded to 4 in place: upgrade.py), signing;
 3. check_index (the log head): stale: rebuild;
 4. settle_tail: lost commits found past the committed end: rebuild (then settle again).
 A rebuild replaces the index by one built from the segments (rebuild.py) and reports it.
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import StoreError
-from . import factdb, rebuild, recovery
+from . import keyeddb, rebuild, recovery, upgrade
 from .errors import IndexCorrupt, SigningKeyError
 from .index import Index
-from .records import FACTS_FORMAT_VERSION, FORMAT_VERSION, STORE_FORMAT_VERSION, RecordError, Sealer
+from .records import OLDER_FORMAT_VERSIONS, STORE_FORMAT_VERSION, RecordError, Sealer
 from .segments import FileOps, list_segment_files
 
 log = logging.getLogger("capsule")
@@ -104,11 +104,11 @@ def _salvage_meta(index: Index | None) -> dict[str, str]:
 
 
 def held_by(index: Index | None) -> rebuild.Held | None:
-    """How many epochs and facts a (possibly damaged) index lists, when it can still tell."""
+    """How many epochs and keyed records a (possibly damaged) index lists, when it can still tell."""
     if index is None:
         return None
     try:
-        return rebuild.Held(len(index.epoch_ids()), factdb.count(index))
+        return rebuild.Held(len(index.epoch_ids()), keyeddb.count(index))
     except (IndexCorrupt, StoreError):
         return None
 
@@ -123,7 +123,7 @@ def _check_meta(path: Path, index: Index, sealer: Sealer) -> dict[str, str]:
         index.init_meta(meta)
         os.chmod(path, 0o700)
         return meta
-    known = (str(FORMAT_VERSION), str(FACTS_FORMAT_VERSION), str(STORE_FORMAT_VERSION))
+    known = tuple(map(str, (*OLDER_FORMAT_VERSIONS, STORE_FORMAT_VERSION)))
     if meta.get("format_version") not in known:
         raise StoreError(f"store {path} has format version {meta.get('format_version')}; this SDK reads "
                          f"{', '.join(known)} (upgrade the SDK)")
@@ -134,9 +134,5 @@ def _check_meta(path: Path, index: Index, sealer: Sealer) -> dict[str, str]:
     if sealer.signed and sealer.key_check(meta["store_id"]) != meta.get("key_check"):
         raise SigningKeyError(f"sign_key is not the key store {path} was created with")
     if meta["format_version"] != str(STORE_FORMAT_VERSION):
-        # an older store: its epochs so far have bare manifests; from now on the log describes itself
-        upgrade = {"format_version": str(STORE_FORMAT_VERSION), "legacy_until": str(index.latest() or 0)}
-        index.write("upgrading the store format",
-                    lambda c: c.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", upgrade.items()))
-        meta = {**meta, **upgrade}
+        meta = {**meta, **upgrade.upgrade(index, path / "segments", sealer, meta["store_id"], meta)}
     return meta

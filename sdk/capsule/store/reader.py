@@ -47,7 +47,7 @@ def check_record(buf: Buffer, ref: PageRef, sealer: Sealer) -> memoryview:
 
 def _check(buf: Buffer, ref: PageRef, sealer: Sealer) -> tuple[memoryview, int]:
     head, region, payload = decode_record(buf, sealer)
-    kind = ref.record_kind  # a fact record can never stand in for a page, nor a page for a fact
+    kind = ref.record_kind  # a keyed record can never stand in for a page, nor a page for a keyed one
     if head.kind != kind and not (kind == KIND_MANIFEST and head.kind == KIND_EPOCH):
         raise RecordError(f"record kind {head.kind} where the index expects {kind}")
     if (head.epoch, region, head.index) != (ref.rec_epoch, ref.region or "", ref.index or 0):

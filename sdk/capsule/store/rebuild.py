@@ -1,15 +1,15 @@
 """Rebuilding index.sqlite from the segment log alone (the log is the truth; the index a cache).
 
-Every record says what it is; every epoch envelope lists the records its view uses; every fact
-record holds its fact's row; every forget is a record. So a scan of the segments gives back:
+Every record says what it is; every epoch envelope lists the records its view uses; every keyed
+record holds its row; every forget is a record. So a scan of the segments gives back:
 - each epoch whose envelope names this store and whose listed records are all present and
   verify (an epoch missing a record is left out and reported: damaged, or dropped by retention
   and compacted);
-- each fact's newest KV record (unless a forget record follows it), with its text and tags;
+- each keyed record's newest version (unless a forget record follows it), with its row;
 - the segments' committed ends and the log's head.
 The new index is built in a temporary file next to the old one, synced, and only then swapped in;
 the old index files are moved into quarantine/, never deleted. No segment byte is changed. Records
-the rebuild cannot place (an older SDK's bare manifests or fact records, another store's records)
+the rebuild cannot place (an older SDK's bare manifests or headless records, another store's records)
 are copied into quarantine/ so compaction can never destroy them.
 
 Threading: the caller holds the Store's writer and state locks (or the store is not open yet).
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import envelope, factdb, factrecord, quarantine
+from . import envelope, keyeddb, keyedrecord, quarantine
 from .envelope import Envelope, Listing
 from .errors import IndexCorrupt
 from .index import Index
 from .info import EpochInfo, Head, PageRef, StagedEpoch
-from .records import (STORE_FORMAT_VERSION, KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE,
+from .records import (STORE_FORMAT_VERSION, KIND_EPOCH, KIND_FORGET, KIND_MANIFEST, KIND_PAGE, KIND_RECORD,
                       RecordError, Sealer)
 from .scan import Scanned, SegmentScan, payload, scan_segment, open_segment
 from .segments import Position, list_segment_files, segment_path
@@ -45,8 +45,8 @@ class Found:
     scans: list[SegmentScan]
     pages: dict[tuple[int, str, int], list[Scanned]] = field(default_factory=dict)
     envelopes: dict[int, list[tuple[Scanned, Envelope]]] = field(default_factory=dict)
-    facts: dict[int, list[Scanned]] = field(default_factory=dict)
-    forgets: dict[int, Scanned] = field(default_factory=dict)
+    records: dict[tuple[str, int], list[Scanned]] = field(default_factory=dict)   # by (collection, id)
+    forgets: dict[tuple[str, int], Scanned] = field(default_factory=dict)
     stray: list[tuple[Scanned, str]] = field(default_factory=list)   # valid records it cannot place
 
 
@@ -54,7 +54,7 @@ class Found:
 class Held:
     """What the index being replaced listed (when it could still say)."""
     epochs: int
-    facts: int
+    records: int
 
 
 def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: str | None, why: str,
@@ -74,8 +74,8 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     store_id = _store_id(seg_dir, sealer, found, store_id) or uuid.uuid4().hex
     report = [f"index rebuilt from the segment log ({why})"]
     epochs = _adoptable(found, store_id, report)
-    facts = _fact_rows(seg_dir, sealer, found, store_id, report)
-    _refuse_if_unsafe(found, scans, epochs, facts, sealer, held)
+    keyed = _record_rows(seg_dir, sealer, found, store_id, report)
+    _refuse_if_unsafe(found, scans, epochs, keyed, sealer, held)
     if found.stray:
         report.append(quarantine.copy_records(path, [(r, why) for r, why in found.stray]))
     _sync_segments(seg_dir, scans)   # what the new index adopts must be durable before it commits
@@ -83,15 +83,15 @@ def rebuild_index(path: Path, sealer: Sealer, *, store_id: str | None, created: 
     quarantine.remove_leftover(tmp)
     index = Index.open(tmp, create=True, segments_exist=False)
     try:
-        _write(index, sealer, store_id, created, epochs, facts, found)
+        _write(index, sealer, store_id, created, epochs, keyed, found)
     finally:
         index.close()
     quarantine.swap_index(path, tmp)
     held_ids = f" ({_ids([e.epoch for _, e in epochs])})" if epochs else ""
-    report.append(f"{len(epochs)} epochs{held_ids} and {len(facts)} facts recovered")
-    if held is not None and (len(epochs) < held.epochs or len(facts) < held.facts):
-        report.append(f"the replaced index listed {held.epochs} epochs and {held.facts} facts: the rest are "
-                      f"missing from the log or damaged there")
+    report.append(f"{len(epochs)} epochs{held_ids} and {len(keyed)} keyed records recovered")
+    if held is not None and (len(epochs) < held.epochs or len(keyed) < held.records):
+        report.append(f"the replaced index listed {held.epochs} epochs and {held.records} keyed records: the "
+                      f"rest are missing from the log or damaged there")
     return report
 
 
@@ -127,28 +127,28 @@ def _sort_out(seg_dir: Path, sealer: Sealer, scans: list[SegmentScan]) -> Found:
                     found.stray.append((rec, "envelope of another epoch than its record"))
                     continue
                 found.envelopes.setdefault(rec.epoch, []).append((rec, env))
-            elif rec.kind == KIND_FACT:
-                found.facts.setdefault(rec.index, []).append(rec)
+            elif rec.kind == KIND_RECORD:
+                found.records.setdefault((rec.region, rec.index), []).append(rec)
             elif rec.kind == KIND_FORGET:
-                found.forgets[rec.index] = rec
+                found.forgets[(rec.region, rec.index)] = rec
             elif rec.kind == KIND_MANIFEST:
                 found.stray.append((rec, "bare manifest of an older SDK (no record listing)"))
     return found
 
 
 def _store_id(seg_dir: Path, sealer: Sealer, found: Found, hint: str | None) -> str | None:
-    """The store's id as its own records say: the old index's (the hint) when some epoch or fact
+    """The store's id as its own records say: the old index's (the hint) when some epoch or keyed
     record names it (records transplanted from another store never outvote it), else the one most
     records name (the hint may be damage)."""
     ids = Counter(env.store_id for cands in found.envelopes.values() for _, env in cands)
     if not ids:
-        for recs in found.facts.values():
+        for recs in found.records.values():
             try:
-                meta, _ = factrecord.decode(payload(seg_dir, max(recs, key=lambda r: r.epoch), sealer))
+                head, _ = keyedrecord.decode(payload(seg_dir, max(recs, key=lambda r: r.epoch), sealer))
             except RecordError:
                 continue
-            if meta is not None:
-                ids[meta.store_id] += 1
+            if head is not None:
+                ids[head.store_id] += 1
     if hint is not None and hint in ids:
         return hint
     return ids.most_common(1)[0][0] if ids else hint
@@ -191,35 +191,35 @@ def _locate(found: Found, region: str, idx: int, rec: int, tag: bytes) -> Scanne
     return None
 
 
-def _fact_rows(seg_dir: Path, sealer: Sealer, found: Found, store_id: str,
-               report: list[str]) -> list[tuple[Scanned, factrecord.FactMeta]]:
-    """Per fact id not forgotten, its newest KV record that names its fact."""
+def _record_rows(seg_dir: Path, sealer: Sealer, found: Found, store_id: str,
+                 report: list[str]) -> list[tuple[Scanned, keyedrecord.Head]]:
+    """Per (collection, id) not forgotten, its newest record that holds its row."""
     out, legacy = [], []
-    for fid in sorted(found.facts):
-        if fid in found.forgets:
+    for key in sorted(found.records):
+        if key in found.forgets:
             continue
-        for rec in sorted(found.facts[fid], key=lambda r: (r.epoch, r.segment, r.offset), reverse=True):
+        for rec in sorted(found.records[key], key=lambda r: (r.epoch, r.segment, r.offset), reverse=True):
             try:
-                meta, _ = factrecord.decode(payload(seg_dir, rec, sealer))
+                head, _ = keyedrecord.decode(payload(seg_dir, rec, sealer))
             except RecordError as exc:
-                found.stray.append((rec, f"unreadable fact record: {exc}"))
+                found.stray.append((rec, f"unreadable keyed record: {exc}"))
                 continue
-            if meta is None:
-                found.stray.append((rec, "fact record of an older SDK (its text is not in the log)"))
-                legacy.append(fid)
-            elif meta.store_id != store_id:
-                found.stray.append((rec, f"fact record of another store ({meta.store_id})"))
+            if head is None:
+                found.stray.append((rec, "keyed record of an older SDK (its row is not in the log)"))
+                legacy.append(f"{key[0]} {key[1]}")
+            elif head.store_id != store_id:
+                found.stray.append((rec, f"keyed record of another store ({head.store_id})"))
                 continue
             else:
-                out.append((rec, meta))
+                out.append((rec, head))
             break
     if legacy:
-        report.append(f"facts {_ids(legacy)} were written by an older SDK and cannot be rebuilt: their "
-                      f"records are copied into quarantine/")
+        report.append(f"records {', '.join(legacy[:8])} were written by an older SDK and cannot be rebuilt: "
+                      f"their records are copied into quarantine/")
     return out
 
 
-def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, facts: list, sealer: Sealer,
+def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, keyed: list, sealer: Sealer,
                       held_before: Held | None) -> None:
     """A rebuild must never stand in for an index it cannot replace (nothing is changed then)."""
     misnamed = [s.segment for s in scans if s.header_error and "expected" in s.header_error]
@@ -227,12 +227,13 @@ def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, fact
         raise IndexCorrupt(f"segment files {_ids(misnamed)} hold other segments than their names say (renamed "
                            f"or copied files?): give each file back the name its header carries and open again. "
                            f"Nothing was changed")
-    # an index without epochs in place of one with epochs would restore nothing, silently; facts
+    # an index without epochs in place of one with epochs would restore nothing, silently; records
     # the log lacks are reported instead (the old rows point at damaged records anyway)
-    if held_before is not None and ((held_before.epochs and not epochs) or (held_before.facts and not facts
+    if held_before is not None and ((held_before.epochs and not epochs) or (held_before.records and not keyed
                                                                              and not epochs)):
-        raise IndexCorrupt(f"the index lists {held_before.epochs} epochs and {held_before.facts} facts, and the "
-                           f"segment log holds none of its {'epochs' if epochs == [] and held_before.epochs else 'facts'}"
+        what = 'epochs' if epochs == [] and held_before.epochs else 'keyed records'
+        raise IndexCorrupt(f"the index lists {held_before.epochs} epochs and {held_before.records} keyed records, "
+                           f"and the segment log holds none of its {what}"
                            f": segment files are missing or damaged. Nothing was changed; keep a copy of the "
                            f"folder and run `capsule verify`")
     held = sum(max(0, s.size - s.start) for s in scans)
@@ -250,7 +251,7 @@ def _refuse_if_unsafe(found: Found, scans: list[SegmentScan], epochs: list, fact
 
 
 def _write(index: Index, sealer: Sealer, store_id: str, created: str | None,
-           epochs: list[tuple[Scanned, Envelope]], facts: list, found: Found) -> None:
+           epochs: list[tuple[Scanned, Envelope]], keyed: list, found: Found) -> None:
     staged, prev = [], {}
     names = Counter(env.name for _, env in epochs if env.name is not None)
     for rec, env in epochs:
@@ -267,8 +268,7 @@ def _write(index: Index, sealer: Sealer, store_id: str, created: str | None,
                      "key_check": sealer.key_check(store_id), "legacy_until": "0",
                      "rebuilt": str(time.time())})
     index.commit(staged, ends, _head(found.scans, ends))
-    top_id = max([*found.facts, *found.forgets], default=0)
-    index.write("rebuilding the facts", lambda c: _facts(c, facts, found, top_id))
+    index.write("rebuilding the keyed records", lambda c: _records(c, keyed, found))
 
 
 def _rows(found: Found, env: Envelope, prev: Listing) -> list[PageRef]:
@@ -315,18 +315,14 @@ def _head(scans: list[SegmentScan], ends: dict[int, int]) -> Head | None:
     return Head(top, last[0].offset, last[0].length, last[0].tag) if last else None
 
 
-def _facts(c, facts: list, found: Found, top_id: int) -> None:
-    for rec, meta in facts:
-        factdb.insert(c, rec.index, meta.text, list(meta.tags), meta.n_tokens, meta.fingerprint, meta.rope,
-                      meta.created, PageRef("fact", rec.index, rec.epoch, rec.segment, rec.offset, rec.length,
-                                            KIND_FACT), None, None)
-    for fid, rec in found.forgets.items():
-        c.execute("INSERT INTO forgets(id, segment, offset, length) VALUES (?, ?, ?, ?)",
-                  (fid, rec.segment, rec.offset, rec.length))
-    if found.facts or found.forgets:
-        c.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (str(STORE_FORMAT_VERSION),))
-        c.execute("DELETE FROM sqlite_sequence WHERE name = 'facts'")
-        c.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('facts', ?)", (top_id,))  # ids never reused
+def _records(c, keyed: list, found: Found) -> None:
+    for rec, head in keyed:
+        keyeddb.put(c, rec.region, rec.index, head.row, PageRef(rec.region, rec.index, rec.epoch, rec.segment,
+                                                                  rec.offset, rec.length, KIND_RECORD))
+    for (coll, rid), rec in found.forgets.items():
+        keyeddb.forget(c, coll, rid, keyeddb.forget_ref(coll, rid, rec.epoch, rec.segment, rec.offset, rec.length))
+    for coll, rid in found.records:          # ids never reused, even of records left out
+        keyeddb.raise_top(c, coll, rid)
 
 
 def _ids(ids: list[int]) -> str:

@@ -18,27 +18,28 @@ from .. import safejson
 Buffer = Union[bytes, bytearray, memoryview]
 
 FORMAT_VERSION = 1
-# The store format in index meta: 2 once a fact was written (kind-3 records exist). An SDK that
-# reads only 1 refuses such a store instead of compacting fact records away as dead bytes.
-FACTS_FORMAT_VERSION = 2
-# 3: the log is self-describing (epoch envelopes, fact records holding their rows, forget
-# records), so the index can be rebuilt from it; older SDKs refuse it rather than misread it
-STORE_FORMAT_VERSION = 3
+# The store format in index meta. 2: kind-3 records exist (an SDK that reads only 1 refuses the
+# store instead of compacting them away as dead bytes); 3: the log is self-describing (epoch
+# envelopes, keyed records holding their rows, forget records), so the index can be rebuilt
+# from it; 4: the index keeps keyed records generically (`records`, `forgotten`, `record_ids`).
+# Stores of 1..3 are upgraded to 4 at open; older SDKs refuse 4 rather than misread it.
+OLDER_FORMAT_VERSIONS = (1, 2, 3)
+STORE_FORMAT_VERSION = 4
 SEGMENT_MAGIC = b"CAPSSEG\x00"
 # magic, format version, flags, segment id, xxh3_64 of the preceding 16 bytes
 SEGMENT_HEADER = struct.Struct("<8sHHIQ")
 FLAG_SIGNED = 0x1
 RECORD_MAGIC = b"CREC"
 # magic, format version, kind, tag kind, epoch, page index, region name length, payload length
-# (a fact record: epoch = the fact's KV version, page index = the fact id)
+# (a keyed record: epoch = its version, page index = its id, region = its collection)
 RECORD_HEADER = struct.Struct("<4sHBBQQHQ")
-KIND_PAGE, KIND_MANIFEST, KIND_FACT = 1, 2, 3
+KIND_PAGE, KIND_MANIFEST, KIND_RECORD = 1, 2, 3
 # KIND_EPOCH: a manifest wrapped in the store's epoch envelope (envelope.py: store id, epoch
 # fields and the listing of every record its view uses); KIND_MANIFEST is the older, bare form.
-# KIND_FORGET: a fact was forgotten (page index = its id), so a rebuilt index forgets it too.
+# KIND_FORGET: a keyed record was forgotten (region = its collection, page index = its id), so a
+# rebuilt index forgets it too.
 KIND_EPOCH, KIND_FORGET = 4, 5
-KINDS = (KIND_PAGE, KIND_MANIFEST, KIND_FACT, KIND_EPOCH, KIND_FORGET)
-FACT_REGION = "fact"  # the region name of every fact record; its page index is the fact id
+KINDS = (KIND_PAGE, KIND_MANIFEST, KIND_RECORD, KIND_EPOCH, KIND_FORGET)
 TAG_XXH3, TAG_HMAC = 1, 2
 TAG_BYTES = {TAG_XXH3: 8, TAG_HMAC: 32}
 MAX_NAME_BYTES = 1024
@@ -102,7 +103,7 @@ class Sealer:
         return hmac.new(self._key, b"capsule.store key check " + store_id.encode(), hashlib.sha256).hexdigest()
 
 
-# a JSON head inside a record payload: magic (8), head length (u32), head (envelopes, fact records)
+# a JSON head inside a record payload: magic (8), head length (u32), head (envelopes, keyed records)
 JSON_HEAD = struct.Struct("<8sI")
 
 

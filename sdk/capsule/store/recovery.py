@@ -9,7 +9,7 @@ settle_tail looks at every byte past the committed end (the active segment's tai
 files above the highest one indexed) and sorts each valid record found there:
 - uncommitted: pages of an epoch after the newest, or exact copies of records the index holds
   (an interrupted compaction) — the bytes of a write that never committed; they are cut;
-- lost: an epoch envelope, fact or forget record the index lacks, or a copy the index cannot
+- lost: an epoch envelope, keyed or forget record the index lacks, or a copy the index cannot
   match — proof that commits were lost (a damaged WAL, say): the index must be rebuilt, which
   adopts them; nothing is cut;
 and the bytes that are not valid records: a torn write (a record cut short by the end of the
@@ -26,7 +26,7 @@ from pathlib import Path
 from . import quarantine
 from .adopt import adopt_tail
 from .index import Index
-from .records import (KIND_EPOCH, KIND_FACT, KIND_FORGET, KIND_MANIFEST, KIND_PAGE, RECORD_HEADER,
+from .records import (KIND_EPOCH, KIND_FORGET, KIND_RECORD, KIND_MANIFEST, KIND_PAGE, RECORD_HEADER,
                       SEGMENT_HEADER, STORE_FORMAT_VERSION, RecordError, Sealer, decode_record, parse_header)
 from .scan import GARBAGE, Scanned, SegmentScan, scan_segment, open_segment
 from .segments import FileOps, list_segment_files, segment_path
@@ -125,16 +125,17 @@ def _classify(index: Index, seg_dir: Path, sealer: Sealer, scan: SegmentScan, la
     return UNCOMMITTED, "an interrupted write"
 
 
-_KIND_NAMES = {KIND_PAGE: "page", KIND_MANIFEST: "manifest", KIND_EPOCH: "epoch", KIND_FACT: "fact",
+_KIND_NAMES = {KIND_PAGE: "page", KIND_MANIFEST: "manifest", KIND_EPOCH: "epoch", KIND_RECORD: "keyed record",
                KIND_FORGET: "forget"}
 _WHERE = {KIND_PAGE: ("SELECT segment, offset, length FROM pages WHERE region = ? AND idx = ? AND rec_epoch = ? "
                       "AND segment IS NOT NULL", lambda r: (r.region, r.index, r.epoch)),
           KIND_EPOCH: ("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?", lambda r: (r.epoch,)),
           KIND_MANIFEST: ("SELECT man_segment, man_offset, man_length FROM epochs WHERE id = ?",
                           lambda r: (r.epoch,)),
-          KIND_FACT: ("SELECT kv_segment, kv_offset, kv_length FROM facts WHERE id = ? AND kv_version = ?",
-                      lambda r: (r.index, r.epoch)),
-          KIND_FORGET: ("SELECT segment, offset, length FROM forgets WHERE id = ?", lambda r: (r.index,))}
+          KIND_RECORD: ("SELECT segment, offset, length FROM records WHERE collection = ? AND id = ? AND version = ?",
+                        lambda r: (r.region, r.index, r.epoch)),
+          KIND_FORGET: ("SELECT segment, offset, length FROM forgotten WHERE collection = ? AND id = ?",
+                        lambda r: (r.region, r.index))}
 
 
 def _is_copy(index: Index, seg_dir: Path, rec: Scanned) -> bool:

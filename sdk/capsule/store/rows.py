@@ -3,8 +3,8 @@
 SQLite keeps whatever type a value was written with (a TEXT in an INTEGER column, a REAL, a BLOB),
 so every value the store uses is checked here: type, range, size, and for JSON texts the bounds
 of capsule.safejson. A failing value raises RowError, which the index turns into IndexCorrupt
-(and the store into a rebuild from the log). Fact rows have their own, per-fact checks
-(factrows.py): one damaged fact must not break the others.
+(and the store into a rebuild from the log). Keyed-record rows have their own, per-record checks
+(keyedrows.py): one damaged record must not break the others.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .. import safejson
 from .info import EpochInfo, Head, PageRef
 from .records import MAX_EPOCH, MAX_NAME_BYTES, MAX_RECORD_BYTES, TAG_BYTES
 
-MAX_META_BYTES = 1 << 20    # an epoch's meta (the Session's per-stream token counts) is far smaller
+MAX_META_BYTES = 1 << 20    # an epoch's meta (the caller's small JSON object) is far smaller
 _MAX_INT = (1 << 63) - 1
 
 

@@ -5,7 +5,7 @@ import sqlite3
 
 import sqlite_utils
 
-from . import factdb
+from . import keyeddb
 
 
 def create(conn: sqlite3.Connection) -> None:
@@ -27,4 +27,4 @@ def create(conn: sqlite3.Connection) -> None:
     db["pages"].create_index(["epoch"], if_not_exists=True)
     db["pages"].create_index(["superseded"], if_not_exists=True)
     db["pages"].create_index(["segment", "offset"], if_not_exists=True)
-    factdb.create_schema(conn)
+    keyeddb.create_schema(conn)

@@ -4,11 +4,11 @@ Commit protocol: append records -> fsync the segments (+ the folder when a file 
 -> one SQLite transaction (THE commit point). Recovery cuts the active segment back to its
 committed end. See docs/FORMAT.md.
 
-It also keeps persistent memory facts (facts.py): an index row plus one KV record each.
+It also keeps keyed records (keyed.py): a caller's typed row plus an opaque blob, outside epochs.
 
 Threading: a Store may be shared by threads. Writers (stage_epoch, sync, write_epoch, retain,
-compact, close, and the fact writers) are serialized by a writer lock; readers (epochs,
-latest_epoch, resolve, load_epoch, load_newest_valid, stats, the fact readers) take only the
+compact, close, and the keyed-record writers) are serialized by a writer lock; readers (epochs,
+latest_epoch, resolve, load_epoch, load_newest_valid, stats, the keyed-record readers) take only the
 state lock, which a writer holds just for its index transaction: readers never wait for record
 appends or segment fsyncs, and a long load delays only the next commit. verify() holds both locks.
 """
@@ -17,16 +17,17 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from ..errors import StoreError
 from . import lockfile, maintenance
 from .commit import Committer
 from . import loading
 from .errors import IndexCorrupt, IndexStale, PageCorrupt, UnknownEpoch
-from .facts import Facts
 from .index import Index
-from .info import EpochInfo, FactInfo, VerifyReport
+from .info import EpochInfo, VerifyReport
+from .keyed import Keyed, Record
+from .keyedrows import Collection, StoredRow
 from .loading import Pages
 from .folder import OWNED, folder_path, holds_store
 from .opening import Opened, held_by, open_index
@@ -36,7 +37,7 @@ from .segments import FileOps, SegmentReader
 
 class Store:
     """A durable, crash-consistent, append-only page store (bytes in, bytes out), which also keeps
-    memory facts (add_fact, fact_kv, search_facts, ...: see facts.py). Use Store.open."""
+    keyed records (put_record, record, records, forget_record, ...: see keyed.py). Use Store.open."""
 
     def __init__(self, path: Path, opened: Opened, sealer: Sealer, fs: FileOps, segment_bytes: int,
                  lock_fd: int):
@@ -51,7 +52,7 @@ class Store:
         # what recovery did at open (index rebuilt, bytes cut or set aside in quarantine/): logged
         # as warnings too; empty after a clean open
         self.recovery_report: list[str] = list(opened.report)
-        self._facts = Facts(path, self._seg_dir, sealer, self._commit, self._wlock, self._lock,
+        self._keyed = Keyed(path, self._seg_dir, sealer, self._commit, self._wlock, self._lock,
                             lambda: self._index, self._check_open)
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class Store:
                progress: Callable[[int, int], None] | None = None) -> list[str]:
         """Rebuild index.sqlite from the segment log (the old index files go to quarantine/);
         returns what was done (also appended to recovery_report). Epochs whose records are all
-        intact come back, with facts and forgets; nothing in the segments is changed. Staged,
+        intact come back, with keyed records and forgets; nothing in the segments is changed. Staged,
         unsynced epochs are discarded first. progress(done, total) is called per segment scanned."""
         with self._wlock, self._lock:
             self._check_open()
@@ -169,6 +170,7 @@ class Store:
             self._commit.attach_index(opened.index, opened.store_id)
             self._commit.reset_to_committed()
             self.recovery_report += opened.report
+            self._keyed.generation += 1
             return list(opened.report)
 
     def _repair_once(self, exc: IndexCorrupt, repaired: list[bool]) -> None:
@@ -310,40 +312,56 @@ class Store:
     def _ident(self) -> loading.Ident:
         return loading.Ident(self._store_id, self._legacy_until, self._seg_dir)
 
-    # -- memory facts (facts.py has the docs; a damaged index is rebuilt once, then asked again) --
-    def add_fact(self, text: str, *, tags: Sequence[str] = (), n_tokens: int, fingerprint: str, rope: str,
-                 kv: Any, embedding: bytes | None = None, embedder: str | None = None) -> int:
-        return self._writing(lambda: self._facts.add_fact(text, tags=tags, n_tokens=n_tokens, fingerprint=fingerprint,
-                                                          rope=rope, kv=kv, embedding=embedding, embedder=embedder))
+    # -- keyed records (keyed.py; a damaged index is rebuilt once, then asked again) ------------
+    def put_record(self, collection: Collection, row: dict[str, Any], blob: Any, *, cache: Any = None) -> int:
+        """Store a new record of `collection`: its row (exactly the declared columns, each of its type)
+        and an opaque blob (at most 1 GiB); cache: an optional index-only blob (see set_record_cache).
+        Returns its id (ids only grow, never reused). Durable when it returns; staged epochs commit first."""
+        return self._writing(lambda: self._keyed.put(collection, row, blob, cache))
 
-    def set_fact_kv(self, fact_id: int, *, n_tokens: int, fingerprint: str, rope: str, kv: Any) -> None:
-        self._writing(lambda: self._facts.set_fact_kv(fact_id, n_tokens=n_tokens, fingerprint=fingerprint,
-                                                      rope=rope, kv=kv))
+    def replace_record(self, collection: Collection, record_id: int, row: dict[str, Any], blob: Any, *,
+                       same: tuple[str, ...] = ()) -> None:
+        """Write a new version of a record (row and blob); the old one becomes dead bytes for
+        compaction. `same`: columns the caller carried over, which must equal the current record's
+        (RecordRowCorrupt when the index's copy was edited since; a damaged or headless current
+        record is not compared, since replacing it is the repair). Durable when it returns."""
+        self._writing(lambda: self._keyed.replace(collection, record_id, row, blob, tuple(same)))
 
-    def set_fact_embedding(self, fact_id: int, embedding: bytes | None, embedder: str | None) -> None:
-        self._writing(lambda: self._facts.set_fact_embedding(fact_id, embedding, embedder))
+    def set_record_cache(self, collection: Collection, record_id: int, cache: Any) -> None:
+        """Set (None: clear) a record's cache: an opaque blob in the index only, 1 B .. 2 MiB, for
+        what the caller derives from the row and can recompute (a rebuilt index has none)."""
+        self._writing(lambda: self._keyed.set_cache(collection, record_id, cache))
 
-    def forget_fact(self, fact_id: int) -> None:
-        self._writing(lambda: self._facts.forget_fact(fact_id))
+    def forget_record(self, collection: Collection, record_id: int) -> None:
+        """Delete a record (UnknownRecord if there is none); compaction reclaims it. A small forget
+        record goes to the log (durable when this returns), so a rebuilt index forgets it too."""
+        self._writing(lambda: self._keyed.forget(collection, record_id))
 
-    def facts(self, ids: Iterable[int] | None = None) -> list[FactInfo]:
+    def records(self, collection: Collection, ids: Iterable[int] | None = None) -> list[StoredRow]:
+        """The rows of every record (or of those of `ids` that exist), ordered by id, each checked
+        against the columns: a damaged one comes with row None and `damage` saying why."""
         wanted = None if ids is None else list(ids)
-        return self._reading(lambda: self._facts.facts(wanted))
+        return self._reading(lambda: self._keyed.rows(collection, wanted))
 
-    def fact_kv(self, fact_id: int) -> bytes:
-        return self._reading(lambda: self._facts.fact_kv(fact_id))
+    def record(self, collection: Collection, record_id: int) -> Record:
+        """A record's row and blob, after checking its row and verifying its record (tag; kind / id /
+        version / length equal the row; its row equal to the index's). A damaged or edited row raises
+        RecordRowCorrupt; a damaged record RecordCorrupt (a PageCorrupt, region = the collection)."""
+        return self._reading(lambda: self._keyed.get(collection, record_id))
 
-    def damaged_facts(self) -> list[tuple[int, str]]:
-        return self._reading(self._facts.damaged_facts)
+    def record_caches(self, collection: Collection) -> list[tuple[int, bytes]]:
+        """(id, cache) of every record of the collection that has a cache, ordered by id."""
+        return self._reading(lambda: self._keyed.caches(collection))
 
-    def fact_embeddings(self) -> list[tuple[int, str, bytes]]:
-        return self._reading(self._facts.fact_embeddings)
+    @property
+    def record_generation(self) -> int:
+        """A number that changes with every committed put / replace / forget of any keyed record and
+        with every rebuilt index (not with caches or epochs): callers key their derived caches on it."""
+        return self._keyed.generation
 
-    def search_facts(self, query: str, k: int) -> list[tuple[int, float]]:
-        return self._reading(lambda: self._facts.search_facts(query, k))
-
-    def count_facts(self) -> int:
-        return self._reading(self._facts.count_facts)
+    def count_records(self, collection: Collection) -> int:
+        """How many records the collection holds (damaged rows included)."""
+        return self._reading(lambda: self._keyed.count(collection))
 
     # -- maintenance (see maintenance.py) ---------------------------------------------------------
     def retain(self, keep: int) -> int:
@@ -366,7 +384,7 @@ class Store:
                 self._commit.fail(exc, "compaction")
 
     def verify(self) -> VerifyReport:
-        """Read and check every record of every segment and every index row (facts included)."""
+        """Read and check every record of every segment and every index row (keyed records included)."""
         with self._wlock, self._lock:
             self._check_open()
             try:
@@ -383,8 +401,3 @@ class Store:
     def _check_open(self) -> None:
         if self._lock_fd is None:
             raise StoreError(f"store {self.path} is closed")
-
-
-for _name in ("add_fact", "set_fact_kv", "set_fact_embedding", "forget_fact", "facts", "fact_kv", "damaged_facts",
-              "fact_embeddings", "search_facts", "count_facts"):
-    getattr(Store, _name).__doc__ = getattr(Facts, _name).__doc__   # one text, where the work is done

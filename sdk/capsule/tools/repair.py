@@ -5,6 +5,7 @@ import os
 
 from tqdm import tqdm
 
+from ..memory.facttable import FactTable
 from .store_report import open_existing
 
 
@@ -19,7 +20,7 @@ def repair_store(path: str | os.PathLike, sign_key: bytes | None = None, source:
                     bar.total = total
                     bar.update(done - bar.n)
                 lines += store.repair("asked for (capsule repair)", progress=progress)
-        epochs, facts = store.epochs(), store.count_facts()
+        epochs, facts = store.epochs(), FactTable(store).count_facts()
         report = store.verify()
     held = (f"store {path}: {len(epochs)} epoch(s)"
             + (f" ({epochs[0].id}..{epochs[-1].id})" if len(epochs) > 1 else "") + f", {facts} fact(s); verify: "

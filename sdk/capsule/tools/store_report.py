@@ -15,7 +15,9 @@ from ..memory.encode import VERSION as _FACTKV_VERSION
 from .. import safejson
 from ..state.manifest import MAX_MANIFEST_BYTES, EpochCorrupt, Limits, Manifest, parse
 from ..store import Store, quarantine
-from ..store.errors import DamagedFactWarning, PageCorrupt, SigningKeyError
+from ..memory.facterrors import DamagedFactWarning
+from ..memory.facttable import FactTable
+from ..store.errors import PageCorrupt, SigningKeyError
 from ..store.store import holds_store
 
 # A memory fact's KV bytes start with the FactKV header of memory/encode.py (its format constants
@@ -99,7 +101,7 @@ def inspect_report(path: str | os.PathLike, sign_key: bytes | None = None,
         epochs = store.epochs()
         lines = [f"store {path}: {len(epochs)} epoch(s), {stats['segments']} segment(s), "
                  f"{stats['bytes_on_disk'] / 2**20:.2f} MiB on disk, {stats['live_bytes'] / 2**20:.2f} MiB live, "
-                 f"{stats.get('facts', 0)} memory fact(s)"]
+                 f"{FactTable(store).count_facts()} memory fact(s)"]
         aside = quarantine.events(Path(path))
         if aside:
             lines.append(f"quarantine/: {len(aside)} folder(s) recovery set aside (never read again; inspect or "
@@ -210,11 +212,11 @@ def verify_store(path: str | os.PathLike, sign_key: bytes | None = None,
     for inspect_store."""
     with open_existing(path, sign_key, source) as store:
         report = store.verify()
-        damaged = _fact_damage(store, set(report.facts_bad))
+        damaged = _fact_damage(store, {rid for coll, rid in report.records_bad if coll == "fact"})
         # epochs whose manifest record is bad are in the report already: only the readable ones
         _, manifest_bad = _check_manifests(store, [e for e in report.epochs_ok])
     ok = report.ok and not damaged and not manifest_bad
-    facts_bad = sorted(set(report.facts_bad) | {fid for fid, _ in damaged})
+    facts_bad = sorted({rid for coll, rid in report.records_bad if coll == "fact"} | {fid for fid, _ in damaged})
     lines = [f"verify {path}: {'OK' if ok else 'DAMAGED'} — {report.records} records, "
              f"{report.bytes} bytes; epochs ok: {len(report.epochs_ok) - len(manifest_bad)}, "
              f"bad: {len(report.epochs_bad) + len(manifest_bad)}"]
@@ -230,18 +232,19 @@ def verify_store(path: str | os.PathLike, sign_key: bytes | None = None,
 
 
 def _fact_damage(store: Store, record_bad: set[int]) -> list[tuple[int, str]]:
-    """(id, why) for every fact whose text is not the one its KV was encoded from, or whose KV
-    is not a FactKV agreeing with its row. Damaged rows and damaged records are in the store's
-    own verify report (record_bad) already: not read again."""
-    out = []
+    """(id, why) for every fact whose row breaks a fact's limits, whose text is not the one its KV
+    was encoded from, or whose KV is not a FactKV agreeing with its row. Damaged records are in
+    the store's own verify report (record_bad) already: not read again."""
+    table = FactTable(store)
+    out = [(fid, f"index row: {why}") for fid, why in table.damaged_facts() if fid not in record_bad]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DamagedFactWarning)   # Store.verify lists damaged rows
-        infos = store.facts()
+        warnings.simplefilter("ignore", DamagedFactWarning)   # listed just above
+        infos = table.facts()
     for info in infos:
         if info.id in record_bad:
             continue
         try:
-            why = _factkv_problem(store.fact_kv(info.id), info.n_tokens)
+            why = _factkv_problem(table.fact_kv(info.id), info.n_tokens)
         except CapsuleCorrupt as exc:
             why = getattr(exc, "reason", str(exc))
         if why:

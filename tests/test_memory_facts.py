@@ -15,12 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from capsule.store import (FactCorrupt, FactInfo, PageCorrupt, SigningKeyError, Store, StoreIOError,
-                           UnknownFact)
-from capsule.store import factdb
+from capsule.memory import factsearch
+from capsule.memory.facterrors import FactCorrupt, UnknownFact
+from capsule.memory.factrows import FactInfo
+from capsule.memory.facttable import FactTable
+from capsule.store import PageCorrupt, SigningKeyError, Store, StoreIOError, keyeddb
 from test_store import Faulty, flip   # FileOps that fails chosen operations; flip a byte
-from capsule.store.records import (FACT_REGION, KIND_FACT, RECORD_HEADER, Sealer, encode_record,
-                                   parse_header)
+from test_store_records import records_of as fact_records, sql   # every keyed record; SQL on the index
+from capsule.store.records import KIND_RECORD as KIND_FACT, RECORD_HEADER, Sealer, encode_record
+
+FACT_REGION = "fact"
 
 SDK = str(Path(__file__).resolve().parents[1] / "sdk")
 KEY = b"k" * 32
@@ -36,29 +40,8 @@ def kv(i: int, n: int = 3000, version: int = 1) -> bytes:
 
 
 def add_all(st: Store, n: int = 3000) -> list[int]:
-    return [st.add_fact(text, tags=tags, n_tokens=len(text.split()), fingerprint="qwen2-0.5b", rope="rope-1e6",
+    return [FactTable(st).add_fact(text, tags=tags, n_tokens=len(text.split()), fingerprint="qwen2-0.5b", rope="rope-1e6",
                         kv=kv(i, n)) for i, (text, tags) in enumerate(FACTS)]
-
-
-def fact_records(path: Path) -> list[tuple[Path, int, object]]:
-    """(segment, offset, header) of every fact record in the store's segments."""
-    out = []
-    for seg in sorted((path / "segments").glob("*.seg")):
-        data, off = seg.read_bytes(), 24
-        while off < len(data):
-            head = parse_header(data[off:off + RECORD_HEADER.size])
-            if head.kind == KIND_FACT:
-                out.append((seg, off, head))
-            off += head.total
-    return out
-
-
-def sql(path: Path, *statements: str) -> None:
-    con = sqlite3.connect(path / "index.sqlite")
-    for s in statements:
-        con.execute(s)
-    con.commit()
-    con.close()
 
 
 def test_round_trip_across_reopen(tmp_path):
@@ -66,48 +49,48 @@ def test_round_trip_across_reopen(tmp_path):
     with Store.open(tmp_path / "s") as st:
         st.write_epoch([("kv", 0, b"page")], b"{}")
         ids = add_all(st)
-        st.set_fact_embedding(ids[1], b"\x01" * 16, "minilm")
-        assert ids == [1, 2, 3, 4, 5] and st.count_facts() == 5 and st.stats()["facts"] == 5
+        FactTable(st).set_fact_embedding(ids[1], b"\x01" * 16, "minilm")
+        assert ids == [1, 2, 3, 4, 5] and FactTable(st).count_facts() == 5 and st.stats()["records"] == 5
         assert st.stats()["live_bytes"] == st.verify().bytes  # every record is live, fact KVs included
     with Store.open(tmp_path / "s", create=False) as st:
-        infos = st.facts()
+        infos = FactTable(st).facts()
         assert [f.id for f in infos] == ids
         assert infos[0] == FactInfo(1, FACTS[0][0], ("location", "charger"), 10, "qwen2-0.5b", "rope-1e6",
-                                    infos[0].created, None)
-        assert t0 <= infos[0].created <= time.time() and infos[1].embedder == "minilm"
-        assert all(st.fact_kv(i) == kv(i - 1) for i in ids)
-        assert st.facts([4, 2, 99, 2]) == [infos[1], infos[3]]  # ordered by id, unknown left out
-        assert st.facts(iter(range(-5, 2000))) == infos and st.facts([]) == []  # chunked id lists
-        assert st.facts([np.int64(2)]) == [infos[1]] and st.fact_kv(np.int32(2)) == kv(1)  # vector-index ids
-        assert st.fact_embeddings() == [(2, "minilm", b"\x01" * 16)]
-        st.set_fact_embedding(2, None, None)
-        assert st.fact_embeddings() == [] and st.load_epoch(1)[1] == {"kv": {0: b"page"}}
+                                    infos[0].created)
+        assert t0 <= infos[0].created <= time.time()
+        assert all(FactTable(st).fact_kv(i) == kv(i - 1) for i in ids)
+        assert FactTable(st).facts([4, 2, 99, 2]) == [infos[1], infos[3]]  # ordered by id, unknown left out
+        assert FactTable(st).facts(iter(range(-5, 2000))) == infos and FactTable(st).facts([]) == []  # chunked id lists
+        assert FactTable(st).facts([np.int64(2)]) == [infos[1]] and FactTable(st).fact_kv(np.int32(2)) == kv(1)  # vector-index ids
+        assert FactTable(st).fact_embeddings() == [(2, "minilm", b"\x01" * 16)]
+        FactTable(st).set_fact_embedding(2, None, None)
+        assert FactTable(st).fact_embeddings() == [] and st.load_epoch(1)[1] == {"kv": {0: b"page"}}
         assert st.verify().ok
 
 
 def test_forget_and_ids_are_never_reused(tmp_path):
     with Store.open(tmp_path / "s") as st:
         ids = add_all(st, 100)
-        st.forget_fact(5)
-        st.forget_fact(2)
-        for call in (lambda: st.fact_kv(5), lambda: st.forget_fact(5),
-                     lambda: st.set_fact_embedding(2, None, None),
-                     lambda: st.set_fact_kv(2, n_tokens=1, fingerprint="f", rope="r", kv=b"x"),
-                     lambda: st.fact_kv(0), lambda: st.fact_kv(2 ** 70)):
+        FactTable(st).forget_fact(5)
+        FactTable(st).forget_fact(2)
+        for call in (lambda: FactTable(st).fact_kv(5), lambda: FactTable(st).forget_fact(5),
+                     lambda: FactTable(st).set_fact_embedding(2, None, None),
+                     lambda: FactTable(st).set_fact_kv(2, n_tokens=1, fingerprint="f", rope="r", kv=b"x"),
+                     lambda: FactTable(st).fact_kv(0), lambda: FactTable(st).fact_kv(2 ** 70)):
             with pytest.raises(UnknownFact) as err:
                 call()
             assert isinstance(err.value, KeyError) and "no fact" in str(err.value)
         with pytest.raises(UnknownFact, match="no fact 5 "):
-            st.fact_kv(5)
-        assert [f.id for f in st.facts()] == [1, 3, 4] and st.count_facts() == 3
-        assert st.search_facts("battery", 5) == [] and st.search_facts("charger", 5)[0][0] == 1
-        assert st.add_fact("new", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 6  # not 5
+            FactTable(st).fact_kv(5)
+        assert [f.id for f in FactTable(st).facts()] == [1, 3, 4] and FactTable(st).count_facts() == 3
+        assert FactTable(st).search_facts("battery", 5) == [] and FactTable(st).search_facts("charger", 5)[0][0] == 1
+        assert FactTable(st).add_fact("new", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 6  # not 5
     with Store.open(tmp_path / "s") as st:
-        st.forget_fact(6)
-        assert st.add_fact("newer", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 7
-        assert st.fact_kv(7) == b"n" and st.verify().ok
-        with pytest.raises(ValueError, match="fact id is an int"):
-            st.fact_kv("7")
+        FactTable(st).forget_fact(6)
+        assert FactTable(st).add_fact("newer", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 7
+        assert FactTable(st).fact_kv(7) == b"n" and st.verify().ok
+        with pytest.raises(ValueError, match="id is an int"):
+            FactTable(st).fact_kv("7")
 
 
 NASTY = ['"', '""', "'", "AND", "OR", "NOT", "NEAR", "NEAR(", "NEAR(a b, 2)", "*", "a*", "a:b", "text:charger",
@@ -121,69 +104,69 @@ def test_search_ranks_keywords_and_never_raises(tmp_path):
     with Store.open(tmp_path / "s") as st:
         add_all(st, 50)
         for i in range(20):  # background facts, so BM25's idf is meaningful
-            st.add_fact(f"filler note number {i} about nothing much", tags=("misc",), n_tokens=6,
+            FactTable(st).add_fact(f"filler note number {i} about nothing much", tags=("misc",), n_tokens=6,
                         fingerprint="f", rope="r", kv=b"z")
         for query, want in [("charger", 1), ("where is the CHARGER?", 1), ("fragile cup", 2), ("tea", 3),
                             ("Alice", 3), ("elevator floor", 4), ("batteries", 5), ("schedule", 5),
                             ("preference", 3), ('"red cup" AND (grippers)', 2), ("NEAR(elevator)", 4)]:
-            hits = st.search_facts(query, 3)
+            hits = FactTable(st).search_facts(query, 3)
             assert hits and hits[0][0] == want, (query, hits)
             assert all(s > 0 for _, s in hits) and hits == sorted(hits, key=lambda h: -h[1])
-        assert len(st.search_facts("filler", 5)) == 5 and st.search_facts("filler", 0) == []
+        assert len(FactTable(st).search_facts("filler", 5)) == 5 and FactTable(st).search_facts("filler", 0) == []
         for query in NASTY:
-            assert isinstance(st.search_facts(query, 5), list), query
-        assert st.search_facts("", 5) == [] and st.search_facts("   ", 5) == []
+            assert isinstance(FactTable(st).search_facts(query, 5), list), query
+        assert FactTable(st).search_facts("", 5) == [] and FactTable(st).search_facts("   ", 5) == []
         with pytest.raises(ValueError):
-            st.search_facts(b"charger", 5)  # type: ignore[arg-type]
+            FactTable(st).search_facts(b"charger", 5)  # type: ignore[arg-type]
         with pytest.raises(ValueError):
-            st.search_facts("charger", -1)
+            FactTable(st).search_facts("charger", -1)
 
         @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
         @given(hs.text(max_size=40))
         def any_text(q):
-            st.search_facts(q, 3)
+            FactTable(st).search_facts(q, 3)
         any_text()
 
 
 def test_search_without_fts5_falls_back_to_term_counts(tmp_path, monkeypatch):
-    monkeypatch.setattr(factdb, "fts5_available", lambda: False)
+    monkeypatch.setattr(factsearch, "fts5_available", lambda: False)
     with Store.open(tmp_path / "s") as st:
         add_all(st, 50)
-        assert st.search_facts("charger", 3)[0][0] == 1 and st.search_facts("the red CUP", 3)[0][0] == 2
+        assert FactTable(st).search_facts("charger", 3)[0][0] == 1 and FactTable(st).search_facts("the red CUP", 3)[0][0] == 2
         for query in NASTY:
-            st.search_facts(query, 5)
-        st.forget_fact(1)
-        assert st.search_facts("charger", 3) == [] and st.verify().ok
+            FactTable(st).search_facts(query, 5)
+        FactTable(st).forget_fact(1)
+        assert FactTable(st).search_facts("charger", 3) == [] and st.verify().ok
     monkeypatch.undo()  # FTS5 again: the table is created at open and filled from the existing rows
     with Store.open(tmp_path / "s") as st:
-        assert st.search_facts("fragile", 3)[0][0] == 2 and st.verify().ok
+        assert FactTable(st).search_facts("fragile", 3)[0][0] == 2 and st.verify().ok
 
 
 def test_set_fact_kv_replaces_and_compaction_reclaims(tmp_path):
     with Store.open(tmp_path / "s", segment_bytes=16384) as st:
         ids = add_all(st)  # five 3 KB records: all in segment 1
-        st.set_fact_kv(3, n_tokens=11, fingerprint="llama-3.2-1b", rope="rope-5e5", kv=kv(3, 2500, version=2))
-        info = st.facts([3])[0]
+        FactTable(st).set_fact_kv(3, n_tokens=11, fingerprint="llama-3.2-1b", rope="rope-5e5", kv=kv(3, 2500, version=2))
+        info = FactTable(st).facts([3])[0]
         assert (info.n_tokens, info.fingerprint, info.rope) == (11, "llama-3.2-1b", "rope-5e5")
-        assert st.fact_kv(3) == kv(3, 2500, version=2) and info.text == FACTS[2][0]
+        assert FactTable(st).fact_kv(3) == kv(3, 2500, version=2) and info.text == FACTS[2][0]
         heads = [(seg.name, h.epoch) for seg, _, h in fact_records(tmp_path / "s") if h.index == 3]
         assert heads == [("000001.seg", 1), ("000002.seg", 2)]  # the KV version binds the record
         for e in range(1, 6):  # epochs after the facts, in the active segment 2
             st.write_epoch([("kv", e, b"p" * 1000)], b"{}")
         for fid in (1, 2, 4):
-            st.forget_fact(fid)
+            FactTable(st).forget_fact(fid)
         before = st.stats()
-        assert st.retain(1) == 4 and st.count_facts() == 2  # retention never drops facts
+        assert st.retain(1) == 4 and FactTable(st).count_facts() == 2  # retention never drops facts
         reclaimed = st.compact()  # segment 1 holds only fact 5 alive (old KV of 3 is dead)
         after = st.stats()
         assert reclaimed > 10000 and after["segment_bytes"] < before["segment_bytes"] - 10000
         assert not (tmp_path / "s" / "segments" / "000001.seg").exists()
-        assert st.fact_kv(3) == kv(3, 2500, version=2) and st.fact_kv(5) == kv(4)
+        assert FactTable(st).fact_kv(3) == kv(3, 2500, version=2) and FactTable(st).fact_kv(5) == kv(4)
         assert st.load_epoch(5)[1]["kv"][5] == b"p" * 1000 and st.verify().ok
     with Store.open(tmp_path / "s", segment_bytes=16384) as st:
-        assert st.fact_kv(3) == kv(3, 2500, version=2) and st.fact_kv(5) == kv(4)
-        assert [f.id for f in st.facts()] == [3, 5] and st.verify().ok
-        assert ids[-1] == 5 and st.add_fact("after", n_tokens=1, fingerprint="f", rope="r", kv=b"a") == 6
+        assert FactTable(st).fact_kv(3) == kv(3, 2500, version=2) and FactTable(st).fact_kv(5) == kv(4)
+        assert [f.id for f in FactTable(st).facts()] == [3, 5] and st.verify().ok
+        assert ids[-1] == 5 and FactTable(st).add_fact("after", n_tokens=1, fingerprint="f", rope="r", kv=b"a") == 6
 
 
 def test_flipped_bit_in_a_fact_record(tmp_path):
@@ -194,33 +177,33 @@ def test_flipped_bit_in_a_fact_record(tmp_path):
     flip(seg, off + RECORD_HEADER.size + head.name_len + 500, 0x01)
     with Store.open(tmp_path / "s") as st:
         with pytest.raises(PageCorrupt) as err:
-            st.fact_kv(2)
+            FactTable(st).fact_kv(2)
         e = err.value
         assert isinstance(e, FactCorrupt) and (e.region, e.index, e.fact_id, e.segment, e.offset) == \
             ("fact", 2, 2, 1, off) and "checksum mismatch" in str(e) and "fact 2" in str(e)
-        assert st.fact_kv(1) == kv(0, 1000) and st.fact_kv(3) == kv(2, 1000)
+        assert FactTable(st).fact_kv(1) == kv(0, 1000) and FactTable(st).fact_kv(3) == kv(2, 1000)
         assert st.load_epoch(1)[1] == {"kv": {0: b"page" * 100}}
         report = st.verify()
-        assert not report.ok and report.facts_bad == (2,) and report.epochs_ok == (1,)
+        assert not report.ok and report.records_bad == (("fact", 2),) and report.epochs_ok == (1,)
         assert any(p.startswith("fact 2:") for p in report.problems), report.problems
-        st.set_fact_kv(2, n_tokens=1, fingerprint="f", rope="r", kv=b"re-encoded")  # the way out
-        assert st.fact_kv(2) == b"re-encoded" and st.verify().facts_bad == ()
+        FactTable(st).set_fact_kv(2, n_tokens=1, fingerprint="f", rope="r", kv=b"re-encoded")  # the way out
+        assert FactTable(st).fact_kv(2) == b"re-encoded" and st.verify().records_bad == ()
 
 
 def test_records_of_other_facts_or_pages_cannot_stand_in(tmp_path):
     with Store.open(tmp_path / "s") as st:
         st.write_epoch([(FACT_REGION, 1, b"a page posing as fact 1")], b"{}")
         add_all(st, 200)
-        st.set_fact_kv(4, n_tokens=1, fingerprint="f", rope="r", kv=b"v2")
+        FactTable(st).set_fact_kv(4, n_tokens=1, fingerprint="f", rope="r", kv=b"v2")
     recs = {(h.index, h.epoch): (off, h.total) for _, off, h in fact_records(tmp_path / "s")}
     page_off, page_len = sql_row(tmp_path, "SELECT offset, length FROM pages")
     for fid, (off, length), why in [(1, recs[(2, 1)], "index expects"), (1, (page_off, page_len), "kind 1"),
                                     (4, recs[(4, 1)], "epoch 1")]:  # another fact, a page, an older KV
-        sql(tmp_path / "s", f"UPDATE facts SET kv_offset = {off}, kv_length = {length} WHERE id = {fid}")
+        sql(tmp_path / "s", f"UPDATE records SET offset = {off}, length = {length} WHERE collection = 'fact' AND id = {fid}")
         with Store.open(tmp_path / "s") as st:
             with pytest.raises(FactCorrupt, match=why):
-                st.fact_kv(fid)
-            assert fid in st.verify().facts_bad
+                FactTable(st).fact_kv(fid)
+            assert ("fact", fid) in st.verify().records_bad
 
 
 def sql_row(path: Path, query: str) -> tuple:
@@ -238,33 +221,33 @@ def test_failed_fact_write_leaves_nothing_and_the_store_works(tmp_path, op, monk
         add_all(st, 500)
         seg = sorted((tmp_path / "s" / "segments").glob("*.seg"))[-1]
         size = seg.stat().st_size
-        if op == "index":  # the row goes in, then the transaction fails: the FTS row must go too
-            real = factdb.insert
+        if op == "index":  # the row goes in, then the transaction fails: nothing of it may stay
+            real = keyeddb.put
 
             def broken(c, *a):
                 real(c, *a)
                 raise sqlite3.OperationalError("disk I/O error (injected)")
-            monkeypatch.setattr(factdb, "insert", broken)
+            monkeypatch.setattr(keyeddb, "put", broken)
         else:
             fs.fail[op] = errno.ENOSPC if op == "write" else errno.EIO
         with pytest.raises(StoreIOError, match={"write": "ENOSPC", "fsync": "EIO", "index": "injected"}[op]):
-            st.add_fact("the spare charger is in bay 9", n_tokens=6, fingerprint="f", rope="r", kv=b"k" * 4000)
-        assert st.count_facts() == 5 and st.search_facts("spare", 3) == [] and seg.stat().st_size == size
+            FactTable(st).add_fact("the spare charger is in bay 9", n_tokens=6, fingerprint="f", rope="r", kv=b"k" * 4000)
+        assert FactTable(st).count_facts() == 5 and FactTable(st).search_facts("spare", 3) == [] and seg.stat().st_size == size
         fs.fail.clear()
         monkeypatch.undo()
-        assert st.add_fact("after the failure", n_tokens=3, fingerprint="f", rope="r", kv=b"ok") == 6
-        assert st.fact_kv(6) == b"ok" and st.verify().ok
+        assert FactTable(st).add_fact("after the failure", n_tokens=3, fingerprint="f", rope="r", kv=b"ok") == 6
+        assert FactTable(st).fact_kv(6) == b"ok" and st.verify().ok
     with Store.open(tmp_path / "s") as st:
-        assert st.count_facts() == 6 and st.fact_kv(6) == b"ok" and st.verify().ok
+        assert FactTable(st).count_facts() == 6 and FactTable(st).fact_kv(6) == b"ok" and st.verify().ok
 
 
 def test_staged_epochs_commit_before_a_fact(tmp_path):
     with Store.open(tmp_path / "s") as st:
         assert st.stage_epoch([("kv", 0, b"staged")], b"{}") == 1
-        st.add_fact("fact after a staged epoch", n_tokens=5, fingerprint="f", rope="r", kv=b"k")
+        FactTable(st).add_fact("fact after a staged epoch", n_tokens=5, fingerprint="f", rope="r", kv=b"k")
         assert st.latest_epoch() == 1 and st.sync() == []
     with Store.open(tmp_path / "s") as st:
-        assert st.load_epoch(1)[1] == {"kv": {0: b"staged"}} and st.fact_kv(1) == b"k" and st.verify().ok
+        assert st.load_epoch(1)[1] == {"kv": {0: b"staged"}} and FactTable(st).fact_kv(1) == b"k" and st.verify().ok
 
 
 def test_torn_fact_record_past_commit_is_cut(tmp_path):
@@ -275,8 +258,8 @@ def test_torn_fact_record_past_commit_is_cut(tmp_path):
     with open(seg, "ab") as f:  # a fact write that died mid-record, before its commit
         f.write(encode_record(Sealer(None), KIND_FACT, 1, FACT_REGION, 6, b"x" * 900)[0] + b"x" * 100)
     with Store.open(tmp_path / "s") as st:
-        assert seg.stat().st_size == size and st.count_facts() == 5
-        assert st.add_fact("next", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 6 and st.verify().ok
+        assert seg.stat().st_size == size and FactTable(st).count_facts() == 5
+        assert FactTable(st).add_fact("next", n_tokens=1, fingerprint="f", rope="r", kv=b"n") == 6 and st.verify().ok
 
 
 CHILD = '''
@@ -286,13 +269,13 @@ sys.modules["capsule"] = pkg
 from capsule.store import Store
 st = Store.open(sys.argv[2], segment_bytes=16384)
 print("ready", flush=True)
-i = st.count_facts()
+i = FactTable(st).count_facts()
 while True:
     i += 1
-    fid = st.add_fact(f"fact number {i}", n_tokens=3, fingerprint="f", rope="r", kv=str(i).encode() * 700)
+    fid = FactTable(st).add_fact(f"fact number {i}", n_tokens=3, fingerprint="f", rope="r", kv=str(i).encode() * 700)
     print(fid, flush=True)
     if i % 5 == 0:
-        st.forget_fact(fid - 3)
+        FactTable(st).forget_fact(fid - 3)
         st.compact()
 '''
 
@@ -308,15 +291,15 @@ def test_sigkill_never_loses_an_acknowledged_fact(tmp_path, delay):
     child.wait()
     acked = [int(x) for x in child.stdout.read().split()]
     with Store.open(path) as st:
-        have = {f.id: f.text for f in st.facts()}
+        have = {f.id: f.text for f in FactTable(st).facts()}
         for fid in acked:
             if fid in have:  # some acknowledged facts were forgotten on purpose
-                assert have[fid] == f"fact number {fid}" and st.fact_kv(fid) == str(fid).encode() * 700
+                assert have[fid] == f"fact number {fid}" and FactTable(st).fact_kv(fid) == str(fid).encode() * 700
         forgotten = {fid - 3 for fid in acked if fid % 5 == 0}  # forget_fact may or may not have run
         assert all(fid in have for fid in acked if fid not in forgotten)
         assert not set(have) - set(acked) - {max(acked, default=0) + 1}  # at most the unacknowledged last one
         assert st.verify().ok, st.verify().problems
-        assert st.add_fact("usable", n_tokens=1, fingerprint="f", rope="r", kv=b"u") > max(acked, default=0)
+        assert FactTable(st).add_fact("usable", n_tokens=1, fingerprint="f", rope="r", kv=b"u") > max(acked, default=0)
 
 
 def test_readers_alongside_a_fact_writer(tmp_path):
@@ -327,8 +310,8 @@ def test_readers_alongside_a_fact_writer(tmp_path):
         def read() -> None:
             try:
                 while not done.is_set():
-                    assert st.fact_kv(1) == kv(0, 1500) and st.search_facts("charger", 1)[0][0] == 1
-                    infos = st.facts()
+                    assert FactTable(st).fact_kv(1) == kv(0, 1500) and FactTable(st).search_facts("charger", 1)[0][0] == 1
+                    infos = FactTable(st).facts()
                     assert all(f.text.startswith("note") for f in infos if f.id > 5)
             except Exception as exc:  # surfaced in the main thread
                 errors.append(exc)
@@ -337,9 +320,9 @@ def test_readers_alongside_a_fact_writer(tmp_path):
             t.start()
         try:
             for i in range(60):
-                fid = st.add_fact(f"note {i}", n_tokens=2, fingerprint="f", rope="r", kv=b"n" * 1500)
+                fid = FactTable(st).add_fact(f"note {i}", n_tokens=2, fingerprint="f", rope="r", kv=b"n" * 1500)
                 if i % 3:
-                    st.forget_fact(fid)
+                    FactTable(st).forget_fact(fid)
                 if i % 10 == 9:
                     st.compact()
         finally:
@@ -347,45 +330,45 @@ def test_readers_alongside_a_fact_writer(tmp_path):
             for t in readers:
                 t.join()
         assert not errors, errors
-        assert st.count_facts() == 25 and st.verify().ok
+        assert FactTable(st).count_facts() == 25 and st.verify().ok
 
 
 def test_signed_store_facts(tmp_path):
     with Store.open(tmp_path / "s", sign_key=KEY) as st:
         add_all(st, 400)
-        st.set_fact_embedding(1, b"e" * 8, "minilm")
+        FactTable(st).set_fact_embedding(1, b"e" * 8, "minilm")
     with pytest.raises(SigningKeyError):
         Store.open(tmp_path / "s")
     with Store.open(tmp_path / "s", sign_key=KEY) as st:
-        assert st.fact_kv(3) == kv(2, 400) and st.verify().ok and st.search_facts("tea", 1)[0][0] == 3
+        assert FactTable(st).fact_kv(3) == kv(2, 400) and st.verify().ok and FactTable(st).search_facts("tea", 1)[0][0] == 3
     # someone without the key rewrites fact 3's KV with a valid xxh3 tag
     seg, off, head = [r for r in fact_records(tmp_path / "s") if r[2].index == 3][0]
     forged = b"".join(encode_record(Sealer(None), KIND_FACT, 1, FACT_REGION, 3, b"E" * head.payload_len))
     with open(seg, "r+b") as f:
         f.seek(off)
         f.write(forged)
-    sql(tmp_path / "s", f"UPDATE facts SET kv_length = {len(forged)} WHERE id = 3")
+    sql(tmp_path / "s", f"UPDATE records SET length = {len(forged)} WHERE collection = 'fact' AND id = 3")
     with Store.open(tmp_path / "s", sign_key=KEY) as st:
         with pytest.raises(FactCorrupt, match="not signed"):
-            st.fact_kv(3)
-        assert st.fact_kv(2) == kv(1, 400) and st.verify().facts_bad == (3,)
+            FactTable(st).fact_kv(3)
+        assert FactTable(st).fact_kv(2) == kv(1, 400) and st.verify().records_bad == (("fact", 3),)
 
 
 def test_store_without_fact_tables_opens_and_gains_them(tmp_path):
     with Store.open(tmp_path / "s") as st:
         st.write_epoch([("kv", 0, b"old")], b'{"old": 1}')
-    sql(tmp_path / "s", "DROP TABLE facts_fts", "DROP TABLE facts", "DROP TABLE forgets",  # as before facts
+    sql(tmp_path / "s", "DROP TABLE records", "DROP TABLE forgotten", "DROP TABLE record_ids",  # as before facts
         "UPDATE meta SET value = '1' WHERE key = 'format_version'")
     with Store.open(tmp_path / "s", create=False) as st:
-        assert st.count_facts() == 0 and st.facts() == [] and st.search_facts("anything", 3) == []
-        assert st.add_fact("learned later", tags=("new",), n_tokens=2, fingerprint="f", rope="r", kv=b"k") == 1
+        assert FactTable(st).count_facts() == 0 and FactTable(st).facts() == [] and FactTable(st).search_facts("anything", 3) == []
+        assert FactTable(st).add_fact("learned later", tags=("new",), n_tokens=2, fingerprint="f", rope="r", kv=b"k") == 1
         assert st.load_epoch(1) == (b'{"old": 1}', {"kv": {0: b"old"}}) and st.verify().ok
-    # opening marks the store format 3 (self-describing log), which older SDKs refuse to open,
+    # opening marks the store format 4 (self-describing log, generic records), which older SDKs refuse,
     # and remembers that epochs up to 1 were written before envelopes
-    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'format_version'") == ("3",)
+    assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'format_version'") == ("4",)
     assert sql_row(tmp_path, "SELECT value FROM meta WHERE key = 'legacy_until'") == ("1",)
     with Store.open(tmp_path / "s") as st:
-        assert st.fact_kv(1) == b"k" and st.search_facts("learned", 1)[0][0] == 1
+        assert FactTable(st).fact_kv(1) == b"k" and FactTable(st).search_facts("learned", 1)[0][0] == 1
 
 
 def test_bounds_are_value_errors(tmp_path):
@@ -401,11 +384,11 @@ def test_bounds_are_value_errors(tmp_path):
                 ("ok", {"embedding": b"e"}, "together"), ("ok", {"embedding": b"", "embedder": "m"}, "1 to"),
                 ("ok", {"embedding": b"e", "embedder": ""}, "embedder"), ("\ud800", {}, "surrogates")]:
             with pytest.raises(ValueError, match=msg):
-                st.add_fact(text, **{**good, **extra})
-        assert st.count_facts() == 0
-        assert st.add_fact("x" * (64 << 10), tags=["t" * 256] * 64, **good) == 1
+                FactTable(st).add_fact(text, **{**good, **extra})
+        assert FactTable(st).count_facts() == 0
+        assert FactTable(st).add_fact("x" * (64 << 10), tags=["t" * 256] * 64, **good) == 1
         with pytest.raises(ValueError, match="fingerprint"):
-            st.set_fact_kv(1, n_tokens=1, fingerprint="", rope="r", kv=b"k")
-        assert st.fact_kv(1) == b"k"
+            FactTable(st).set_fact_kv(1, n_tokens=1, fingerprint="", rope="r", kv=b"k")
+        assert FactTable(st).fact_kv(1) == b"k"
     for path in (tmp_path / "s", tmp_path / "s" / "index.sqlite", *(tmp_path / "s" / "segments").iterdir()):
         assert path.stat().st_mode & 0o077 == 0, path
