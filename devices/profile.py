@@ -30,6 +30,9 @@ REMOVED = {
     "checkpoint.group_commit_ms": "the background writer groups every epoch queued behind a "
                                   "running fsync into the next one",
 }
+# The KV block size (tokens per paged-KV block) of every profile that does not name its own:
+# the one place to change it for all of them
+BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -39,11 +42,11 @@ class RuntimeDefaults:
     """Serving defaults: the static paged KV pool, batch buckets for captured graphs, chunking."""
     dtype: str
     kv_pool_mb: float
-    block_size: int
     batch_buckets: tuple[int, ...]
     max_context: int
     prefill_chunk: int
     cuda_graphs: bool
+    block_size: int = BLOCK_SIZE      # optional in a YAML: most profiles share the default
 
     def __post_init__(self) -> None:
         check_choice("runtime.dtype", self.dtype, DTYPES)
@@ -84,7 +87,8 @@ _SECTIONS: dict[str, type] = {"runtime": RuntimeDefaults, "checkpoint": Checkpoi
 
 
 def _check_keys(prefix: str, raw: Any, cls: type) -> None:
-    """Reject non-mappings, unknown keys and missing keys, naming the dotted key."""
+    """Reject non-mappings, unknown keys and missing keys (those without a default), naming the
+    dotted key."""
     where = prefix.rstrip(".") or "<top level>"
     if not isinstance(raw, Mapping):
         raise wrong_type(where, raw, "mapping")
@@ -95,9 +99,11 @@ def _check_keys(prefix: str, raw: Any, cls: type) -> None:
                              f"({REMOVED[prefix + k]})")
         if k not in allowed:
             raise ValueError(f"{prefix}{k}: unknown key (allowed: {', '.join(allowed)})")
-    for k in allowed:
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    for k in required:
         if k not in raw:
-            raise ValueError(f"{prefix}{k}: missing key (required: {', '.join(allowed)})")
+            raise ValueError(f"{prefix}{k}: missing key (required: {', '.join(required)})")
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def test_unknown_key_rejected_at_every_level(tmp_path, section):
     assert "allowed:" in msg
 
 
-@pytest.mark.parametrize("dotted", ["description", "engines", "runtime", "runtime.block_size",
+@pytest.mark.parametrize("dotted", ["description", "engines", "runtime", "runtime.max_context",
                                     "checkpoint", "checkpoint.keep_epochs"])
 def test_missing_key_rejected(tmp_path, dotted):
     d = _valid()
@@ -300,3 +300,12 @@ def test_meminfo_parsing(tmp_path):
         _meminfo_total_gb(str(meminfo))
     with pytest.raises(ValueError, match="total_memory_gb"):
         _meminfo_total_gb(str(tmp_path / "absent"))
+
+
+def test_block_size_is_one_default_a_profile_may_override(tmp_path):
+    from devices.profile import BLOCK_SIZE, PROFILE_DIR
+    assert {load_profile(n).runtime.block_size for n in list_profiles()} == {BLOCK_SIZE}
+    assert all("block_size" not in (PROFILE_DIR / f"{n}.yaml").read_text() for n in list_profiles())
+    d = _valid()
+    d["runtime"]["block_size"] = 2 * BLOCK_SIZE
+    assert load_profile(_write(tmp_path, d)).runtime.block_size == 2 * BLOCK_SIZE
