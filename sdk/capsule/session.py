@@ -1,8 +1,9 @@
 """Session: the one front object, a facade over composed parts; it holds no logic of its own.
 
 Parts: the capsule gate (both locks, deferral, checkpoint / flush / rollback, session_gate.py),
-the LLM part (engine, streams, memory injection, session_llm.py / session_memory.py), the
-policy's actor (policy/actor.py), the store and the checkpointer. The read-only views below
+the LLM part (engine, streams, memory injection, session_llm.py / session_memory.py), the host
+part (app state, restore, session_host.py), the policy's actor (policy/actor.py), the store and
+the checkpointer; assembly.py builds them from open's arguments. The read-only views below
 (engine, memory, store, checkpointer, actor) are for tools and tests: read them, change state
 only through Session methods.
 
@@ -33,6 +34,7 @@ from .llm.engine import Engine
 from .memory.facts import Fact, Memory, MemoryConfig
 from .policy.actor import Actor
 from .session_gate import CapsuleGate
+from .session_host import HostPart
 from .session_llm import LLMPart, generate_args
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
@@ -49,14 +51,10 @@ class Session:
         self.path = path
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
-        self.restored_epoch: int | None = None
-        # epochs the last restore skipped (damaged, unreadable, another setup's), each with why;
-        # after the restore at open, first what the store's recovery did (e.g. an index rebuilt)
-        self.restore_report: list[str] = []
         self._llm_part = llm
         self._actor = actor
-        self._state: dict = {}
-        self._gate = CapsuleGate(checkpointer, store, self._capture, self._restore)
+        self._host = HostPart(checkpointer, llm, actor)
+        self._gate = CapsuleGate(checkpointer, store, self._host.capture, self._host.restore)
         # a capsule taken with wait=False is durable once written: if the app exits without
         # close(), close at interpreter exit (the writer is a daemon thread) instead of losing it
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
@@ -185,17 +183,12 @@ class Session:
 
     # -- policy (LeRobot-like select_action; the hidden state and queue are in every capsule) ----
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """One action (A,) for this tick: served from the action queue when the policy emitted
-        a chunk, else from one policy step (``observation.state`` and any other inputs the
-        policy declares, numpy or torch, with or without the batch dimension).
-
-        Takes only the policy lock: never waits for an LLM call on another thread.
-        Raises ValueError, before anything changes (no engine call, no hidden-state update, no
-        queue move; the same on every engine), when the observation is not a mapping of str keys
-        to the declared inputs, has a wrong shape or dtype, or holds a non-finite value (NaN or
-        +-inf: the message names the key and the first bad index). Observations served from the
-        queue are checked too. Cost: host arrays (numpy, CPU tensors) are checked without
-        allocating; a CUDA tensor is checked on its device with one extra host sync per step."""
+        """One action (A,) for this tick: from the action queue when the policy emitted a chunk,
+        else from one policy step (``observation.state`` and the policy's other inputs, numpy or
+        torch, batch dimension optional). Takes only the policy lock (never waits for an LLM call).
+        A bad observation (key, shape, dtype, NaN/inf: the message names the key and index)
+        raises ValueError before anything changes, queued ones included; host arrays are checked
+        without allocating, a CUDA tensor with one extra host sync."""
         with self._gate.policy_lock:
             return self.actor.act(observation)
 
@@ -248,11 +241,23 @@ class Session:
     @property
     def state(self) -> dict:
         """The app's own small state; JSON-serializable, saved in capsules with everything else."""
-        return self._state
+        return self._host.app_state
 
     @state.setter
     def state(self, value: Mapping[str, Any]) -> None:
-        self._state = assembly.check_app_state(value)
+        self._host.set_app_state(value)
+
+    @property
+    def restored_epoch(self) -> int | None:
+        """The epoch the last restore (at open, or a rollback) installed; None: none yet."""
+        return self._host.restored_epoch
+
+    @property
+    def restore_report(self) -> list[str]:
+        """Epochs the last restore skipped (damaged, unreadable, another setup's), each with
+        why; after the restore at open, first what the store's recovery did (e.g. an index
+        rebuilt)."""
+        return self._host.restore_report
 
     # -- read-only views (tools, tests): change state through the methods above ---------------
     @property
@@ -300,28 +305,6 @@ class Session:
         if self._llm_part is None:
             raise ValueError("this Session has no model (opened with model=None)")
         return self._llm_part
-
-    def _capture(self) -> tuple[dict, dict[str, bytes]]:
-        """The host half of a capsule (the gate calls it under both locks)."""
-        return assembly.host_state(self._llm_part.parts if self._llm_part else None, self._state, self._actor)
-
-    def _restore(self, epoch_or_name: int | str | None) -> int | None:
-        """Install an epoch, None = the newest fully valid one (the gate calls it under both locks)."""
-        loader = assembly.host_loader(self._llm_part.parts if self._llm_part else None,
-                                      self._put_state, self._actor)
-        ckpt = self._gate.checkpointer
-        restored = ckpt.restore_newest(loader) if epoch_or_name is None else ckpt.restore(epoch_or_name, loader)
-        if restored is None:
-            return None
-        self.restored_epoch = restored.epoch
-        self.restore_report = restored.skipped
-        if self._llm_part is not None:
-            self._llm_part.memory.drop_forgotten()   # facts forgotten since are not attended again
-        return restored.epoch
-
-    def _put_state(self, value: dict) -> None:
-        # a restore's install step: the value was checked while the capsule was (it cannot fail)
-        self._state = value
 
 
 def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:
