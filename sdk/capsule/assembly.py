@@ -239,7 +239,7 @@ def host_loader(llm: LLMParts | None, put_app_state: Callable[[dict], None],
     return load
 
 
-def open_store(path: Path, sign_key: bytes | None) -> Any:
+def open_store(path: Path, sign_key: bytes | None) -> Store:
     try:
         return Store.open(path, create=True, sign_key=sign_key)
     except OSError as exc:
