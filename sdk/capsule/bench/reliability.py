@@ -5,7 +5,7 @@ The same harness as tests/reliability/ (bench/reliability_*.py), at campaign siz
 1. SIGKILLs at random moments: store writers (write_epoch, group commits, retention, compaction,
    fact writes, the first open that creates the store, signed stores) and Sessions
    (model=None, policy builtin:gru; some builtin:tiny; checkpoint wait=True and wait=False);
-   each followed by the kill oracle (reliability_harness.check_store / reliability_kills).
+   each followed by the kill oracle (reliability_oracle.check_store / reliability_kills).
 2. Crash-state enumeration of the commit protocol (reliability_crash): every state a power
    cut could leave around every file operation of a scripted workload, unsynced segment bytes
    kept / dropped / torn / zeroed.
@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from . import BenchOptions, SuiteResult
 from . import reliability_harness as H
+from . import reliability_tally as T
 
 FULL = {"first_opens": 60, "store_kills": 1000, "session_kills": 120, "tiny_kills": 20, "damages": (6000, 6000), "session_damages": 300,
         "crash": (4, (0, 1), 2), "fault_stride": 1, "tmpfs_rounds": 2, "writes": 300, "hostile_rounds": 3}
@@ -39,7 +40,7 @@ QUICK = {"first_opens": 8, "store_kills": 150, "session_kills": 16, "tiny_kills"
          "crash": (1, (0,), 1), "fault_stride": 4, "tmpfs_rounds": 1, "writes": 100, "hostile_rounds": 1}
 
 
-def _task(name: str, args: tuple) -> H.Tally:
+def _task(name: str, args: tuple) -> T.Tally:
     """One campaign part, run in a worker process (spawned: no torch state forked)."""
     from . import reliability_crash as C, reliability_damage as D, reliability_faults as F
     work = Path(args[0])
@@ -65,9 +66,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     say: Callable[[str], None] = (lambda m: print(m, flush=True)) if opts.progress else (lambda m: None)
     root = Path(tempfile.mkdtemp(prefix="capsule-reliability-"))     # kills: on the real disk
     fast = H.work_dir(f"campaign-{time.strftime('%Y%m%d-%H%M%S')}")   # the rest: see fast_root
-    t0, parts, walls = time.perf_counter(), H.Tally(), {}
+    t0, parts, walls = time.perf_counter(), T.Tally(), {}
 
-    def part(label: str, fn: Callable[[], H.Tally]) -> None:
+    def part(label: str, fn: Callable[[], T.Tally]) -> None:
         t = time.perf_counter()
         say(f"  {label} ...")
         tally = fn()
@@ -89,8 +90,8 @@ def run(opts: BenchOptions) -> SuiteResult:
             size["store_kills"], size["session_kills"], tiny_kills=size["tiny_kills"], first_opens=size["first_opens"])))
         ctx = multiprocessing.get_context("spawn")
 
-        def pooled() -> H.Tally:
-            out = H.Tally()
+        def pooled() -> T.Tally:
+            out = T.Tally()
             with ProcessPoolExecutor(2, mp_context=ctx) as pool:
                 for fut in [pool.submit(_task, n, a) for n, a in pool_jobs]:
                     out.merge(fut.result())
@@ -99,7 +100,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         part("damage through a Session", lambda: run_session_damage(fast / "sdmg", size["session_damages"]))
         part("real full disk (tmpfs)", lambda: F.run_tmpfs(fast / "tmpfs", rounds=size["tmpfs_rounds"]))
         part("readers beside a writer",
-             lambda: H.Tally().merge(run_concurrency(fast / "conc", writes=size["writes"]))
+             lambda: T.Tally().merge(run_concurrency(fast / "conc", writes=size["writes"]))
              .merge(run_concurrency(fast / "conc", writes=size["writes"], signed=True, seed=1)))
         part("hostile inputs", lambda: X.run_hostile(fast / "hostile", rounds=size["hostile_rounds"]))
     finally:
@@ -121,7 +122,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     return SuiteResult(settings, results, {"reliability campaign": rows})
 
 
-def grouped(tally: H.Tally) -> list[dict[str, Any]]:
+def grouped(tally: T.Tally) -> list[dict[str, Any]]:
     groups: dict[str, list[str]] = {}
     for cause, recipe in tally.failures:
         groups.setdefault(cause, []).append(recipe)
@@ -131,15 +132,15 @@ def grouped(tally: H.Tally) -> list[dict[str, Any]]:
 MODELS = ("builtin:gru", "builtin:tiny")
 
 
-def _c(t: H.Tally, *keys: str) -> int:
+def _c(t: T.Tally, *keys: str) -> int:
     return sum(t.counts.get(k, 0) for k in keys)
 
 
-def _failed(t: H.Tally, prefix: str) -> int:
+def _failed(t: T.Tally, prefix: str) -> int:
     return sum(1 for cause, _ in t.failures if cause.startswith(prefix))
 
 
-def table(t: H.Tally, wall: float) -> list[dict[str, Any]]:
+def table(t: T.Tally, wall: float) -> list[dict[str, Any]]:
     dmg = ("index", "segments")
     injected = _c(t, "index damages", "segments damages", "session damages")
     by_file = " / ".join(f"{k.split()[1]} {t.counts.get(k, 0)}" for k in

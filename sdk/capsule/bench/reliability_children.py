@@ -1,6 +1,6 @@
 """The writer children of the SIGKILL trials (forked by the zygote in reliability_kills).
 
-A child writes its ledger (see reliability_harness) line by line with unbuffered writes, which
+A child writes its ledger (see reliability_ledger) line by line with unbuffered writes, which
 survive its SIGKILL. "W store-open-start / store-open-end <s>" lines say when, in seconds since
 the child started, its Store.open ran: the parent aims later first-life kills into that window
 (the very first open, which creates the store).

@@ -13,22 +13,24 @@ from pathlib import Path
 from ..memory.facterrors import UnknownFact
 from ..store import Store, UnknownEpoch
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger
 from . import reliability_oracle as O
 
 
 def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: bool = False,
-                    seed: int = 0) -> H.Tally:
-    tally, lock = H.Tally(), threading.Lock()
+                    seed: int = 0) -> T.Tally:
+    tally, lock = T.Tally(), threading.Lock()
     key = H.SIGN_KEY if signed else None
     path = work / f"concurrent-{seed}-{int(signed)}"
     shutil.rmtree(path, ignore_errors=True)
-    ledger = H.Ledger()
+    ledger = Ledger()
     st = Store.open(path, segment_bytes=H.SEGMENT_BYTES, sign_key=key)
     stop = threading.Event()
 
     def fail(what: str, detail: str) -> None:
         with lock:
-            tally.fail(f"concurrency: {what}", H.describe(family="concurrency", seed=seed, signed=signed) +
+            tally.fail(f"concurrency: {what}", T.describe(family="concurrency", seed=seed, signed=signed) +
                        f" :: {detail}")
 
     def writer() -> None:
@@ -111,6 +113,6 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
         t.join()
     st.close()
     for p in O.check_store(path, ledger, sign_key=key):
-        fail(H.cause_of(p), p)
+        fail(T.cause_of(p), p)
     tally.add("concurrent writes", writes)
     return tally

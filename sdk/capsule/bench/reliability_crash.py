@@ -14,99 +14,25 @@ state a power cut at that moment could leave:
 
 Each distinct state is rebuilt in its own folder and checked with the kill oracle against the
 ledger of what was acknowledged at that moment. The first open's own states (the folder, LOCK,
-an empty or schema-less index) are added explicitly: SQLite writes them, not FileOps.
+an empty or schema-less index) are added explicitly: SQLite writes them, not FileOps
+(reliability_firstopen.py). The recording FileOps and its durability model: reliability_recording.py.
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import shutil
-import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..store import FileOps, Store
+from ..store import FileOps, Store  # noqa: F401 (FileOps: for RecordingFS subclasses, as C.FileOps)
 from . import reliability_harness as H
 from . import reliability_oracle as O
+from . import reliability_tally as T
+from .reliability_firstopen import creation_states
+from .reliability_ledger import Ledger
+from .reliability_recording import FileModel, RecordingFS
 
 INDEX_FILES = ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm")
-
-
-@dataclass
-class FileModel:
-    durable: bytes      # content at the last fsync (b"" if never synced)
-    entry: bool         # the directory entry survived a power cut (created before, or a dir fsync since)
-
-
-class RecordingFS(FileOps):
-    """Real file operations, plus a model of what is durable and a state callback around each."""
-
-    def __init__(self, on_state) -> None:
-        self.on_state = on_state
-        self.fd_path: dict[int, str] = {}
-        self.model: dict[str, FileModel] = {}
-        self.ghosts: dict[str, bytes] = {}     # unlinked, but the unlink is not durable yet
-        self.ops = 0
-
-    def _around(self, label: str, fn):
-        self.on_state(f"before {label}")
-        out = fn()
-        self.ops += 1
-        self.on_state(f"after {label}")
-        return out
-
-    def open(self, path, flags, mode=0o600):
-        def do():
-            existed = os.path.exists(path)
-            fd = FileOps.open(self, path, flags, mode)
-            self.fd_path[fd] = path
-            if not existed:
-                self.model[path] = FileModel(b"", False)
-            elif path not in self.model:
-                self.model[path] = FileModel(Path(path).read_bytes(), True)
-            return fd
-        return self._around(f"open {Path(path).name}", do)
-
-    def write(self, fd, data):
-        return self._around(f"write {len(data)} B to {Path(self.fd_path.get(fd, '?')).name}",
-                            lambda: FileOps.write(self, fd, data))
-
-    def fsync(self, fd):
-        def do():
-            FileOps.fsync(self, fd)
-            path = self.fd_path.get(fd)
-            if path in self.model:
-                self.model[path].durable = Path(path).read_bytes()
-        return self._around(f"fsync {Path(self.fd_path.get(fd, '?')).name}", do)
-
-    def fsync_dir(self, path):
-        def do():
-            FileOps.fsync_dir(self, path)
-            for p, m in self.model.items():
-                if os.path.dirname(p) == str(path).rstrip("/"):
-                    m.entry = True
-            for p in [g for g in self.ghosts if os.path.dirname(g) == str(path).rstrip("/")]:
-                del self.ghosts[p]
-        return self._around("fsync_dir", do)
-
-    def truncate(self, fd, length):
-        return self._around(f"truncate {Path(self.fd_path.get(fd, '?')).name} to {length}",
-                            lambda: FileOps.truncate(self, fd, length))
-
-    def unlink(self, path):
-        def do():
-            FileOps.unlink(self, path)
-            m = self.model.pop(path, None)
-            if m is not None and m.entry:
-                self.ghosts[path] = m.durable
-        return self._around(f"unlink {Path(path).name}", do)
-
-    def close(self, fd):
-        def do():
-            FileOps.close(self, fd)
-            self.fd_path.pop(fd, None)
-        return self._around("close", do)
 
 
 class Enumerator:
@@ -116,10 +42,10 @@ class Enumerator:
         self.work, self.folder, self.key, self.tears = work, folder, key, tears
         self.rng = random.Random(seed)
         self.seed = seed
-        self.ledger = H.Ledger()
+        self.ledger = Ledger()
         self.fs = RecordingFS(self.snapshot)
         self.seen: set[bytes] = set()
-        self.tally = H.Tally()
+        self.tally = T.Tally()
         self.where = ""
 
     def snapshot(self, label: str) -> None:
@@ -175,8 +101,8 @@ class Enumerator:
         self.tally.add("crash states")
         self.tally.add("crash states recovered" if not problems else "crash states failed")
         for p in problems:
-            self.tally.fail(f"crash state ({variant.split('#')[0]}): {H.cause_of(p)}",
-                            H.describe(family="crash state", seed=self.seed, signed=self.key is not None,
+            self.tally.fail(f"crash state ({variant.split('#')[0]}): {T.cause_of(p)}",
+                            T.describe(family="crash state", seed=self.seed, signed=self.key is not None,
                                        at=where, variant=variant, acked_newest=self.ledger.newest,
                                        kept=str(folder)) + f" :: {p}")
         if not problems:
@@ -240,63 +166,9 @@ def run_workload(en: Enumerator, steps: list[tuple]) -> None:
         st.close()
 
 
-def creation_states(work: Path, key: bytes | None) -> H.Tally:
-    """States a kill inside the very first Store.open can leave (written by SQLite and mkdir)."""
-    tally = H.Tally()
-    probe = work / "probe"
-    shutil.rmtree(probe, ignore_errors=True)
-    Store.open(probe, sign_key=key).close()
-    schema = (probe / "index.sqlite").read_bytes()
-    states = {"empty folder": {}, "LOCK only": {"LOCK": b""}, "LOCK + segments/": {"LOCK": b"", "segments/": None},
-              "empty index.sqlite": {"LOCK": b"", "index.sqlite": b"", "segments/": None},
-              "index.sqlite, empty WAL database": {"index.sqlite": _wal_db(work)},
-              "index.sqlite without meta rows": {"index.sqlite": _without_meta(work, schema)},
-              "index + an empty first segment file": {"index.sqlite": schema, "segments/000001.seg": b""}}
-    for name, files in states.items():
-        folder = work / f"create-{abs(hash(name))}"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for rel, data in files.items():
-            if data is None:
-                (folder / rel).mkdir(exist_ok=True)
-            else:
-                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-                (folder / rel).write_bytes(data)
-        problems = O.check_store(folder, H.Ledger(), sign_key=key)
-        tally.add("crash states")
-        tally.add("crash states recovered" if not problems else "crash states failed")
-        for p in problems:
-            tally.fail(f"crash state (first open): {H.cause_of(p)}",
-                       H.describe(family="crash state", at="first open", state=name, signed=key is not None,
-                                  kept=str(folder)) + f" :: {p}")
-    return tally
-
-
-def _wal_db(work: Path) -> bytes:
-    p = work / "wal.sqlite"
-    p.unlink(missing_ok=True)
-    conn = sqlite3.connect(p)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.close()
-    return p.read_bytes()
-
-
-def _without_meta(work: Path, schema: bytes) -> bytes:
-    p = work / "nometa.sqlite"
-    p.write_bytes(schema)
-    conn = sqlite3.connect(p)
-    try:
-        conn.execute("DELETE FROM meta")
-        conn.commit()
-    except sqlite3.Error:
-        pass
-    conn.close()
-    return p.read_bytes()
-
-
 def run_crash_states(work: Path, *, size: int = 2, seeds: tuple[int, ...] = (0,), signed: tuple[bool, ...] = (False,),
-                     tears: int = 1) -> H.Tally:
-    tally = H.Tally()
+                     tears: int = 1) -> T.Tally:
+    tally = T.Tally()
     work.mkdir(parents=True, exist_ok=True)
     for key in {H.SIGN_KEY if s else None for s in signed}:
         tally.merge(creation_states(work, key))

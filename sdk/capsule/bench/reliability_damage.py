@@ -25,6 +25,8 @@ from pathlib import Path
 from ..errors import CapsuleError
 from ..store import Store
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger, span
 from . import reliability_oracle as O
 from . import reliability_scan as scan
 from .reliability_inject import damage_index, damage_segments
@@ -37,7 +39,7 @@ class Image:
     power_cut: bool
     key: bytes | None
     epochs: list[int]         # retained, acknowledged
-    ledger: H.Ledger
+    ledger: Ledger
     segs: dict[str, bytes]    # committed segment bytes
 
     @property
@@ -55,7 +57,7 @@ def build_images(root: Path, seed: int, signed: bool) -> tuple[Image, Image]:
     key = H.SIGN_KEY if signed else None
     live = root / f"live-{seed}-{int(signed)}"
     shutil.rmtree(live, ignore_errors=True)
-    ledger = H.Ledger()
+    ledger = Ledger()
     st = Store.open(live, segment_bytes=H.SEGMENT_BYTES, sign_key=key)
     e, seq, facts = 1, seed * 1000, []
     for step in range(22 + rng.randrange(8)):
@@ -118,7 +120,7 @@ def judge(folder: Path, img: Image, area: str) -> tuple[str, list[str]]:
         report = list(getattr(st, "recovery_report", None) or [])   # what recovery did at open (if kept)
         if found is None:
             on_disk = f"; intact on disk: {intact[-3:]}" if area == "segments" else ""
-            return "wrong", [f"silently empty: load_newest_valid() is None while epochs {H.span(img.epochs)} "
+            return "wrong", [f"silently empty: load_newest_valid() is None while epochs {span(img.epochs)} "
                              f"were acknowledged{on_disk} (recovery_report: {_short(report)})"]
         epoch, man, pages, skipped = found
         skipped = list(skipped) + report
@@ -225,9 +227,9 @@ def trial(img: Image, area: str, seed: int, n: int, work: Path) -> tuple[str, li
     return outcome, problems, d
 
 
-def run_damage(root: Path, area: str, trials: int, *, seed: int = 0, signed_every: int = 4) -> H.Tally:
+def run_damage(root: Path, area: str, trials: int, *, seed: int = 0, signed_every: int = 4) -> T.Tally:
     """`trials` damages of `area` ("index" or "segments"), over fresh images every 250 trials."""
-    tally = H.Tally()
+    tally = T.Tally()
     images: dict = {}
     for n in range(trials):
         s = seed + n // 250
@@ -241,12 +243,12 @@ def run_damage(root: Path, area: str, trials: int, *, seed: int = 0, signed_ever
         tally.add(f"{area} {outcome}")
         tally.add(f"damaged {d['file'].split('.', 1)[-1] if area == 'index' else 'seg'}")
         for p in problems:
-            recipe = H.describe(family=f"{area} damage", image=img.label, seed=s, trial=n, damage=d,
+            recipe = T.describe(family=f"{area} damage", image=img.label, seed=s, trial=n, damage=d,
                                 newest_acked=img.newest,
                                 replay=f"python -m capsule.bench.reliability_damage {area} {s} {n}"
                                        f"{' --signed' if img.key else ''}{' --clean' if not img.power_cut else ''}")
             where = d["file"].split(".", 1)[-1] if area == "index" else "seg"
-            tally.fail(f"{area} damage ({where}): {H.cause_of(p)}", f"{recipe} :: {p}")
+            tally.fail(f"{area} damage ({where}): {T.cause_of(p)}", f"{recipe} :: {p}")
     return tally
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from ..errors import CapsuleError, StoreError
 from ..store import FileOps, Store, StoreIOError
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger
 from . import reliability_oracle as O
 from .reliability_crash import workload
 
@@ -71,7 +73,7 @@ class FaultFS(FileOps):
         return super().unlink(path)
 
 
-def drive(path: Path, fs: FileOps, steps: list[tuple], key: bytes | None, ledger: H.Ledger,
+def drive(path: Path, fs: FileOps, steps: list[tuple], key: bytes | None, ledger: Ledger,
           on_error) -> Store | None:
     """Run the scripted calls, tolerating (and reporting) failures; returns the open Store."""
     st, seq, facts = None, 7000, []
@@ -134,7 +136,7 @@ def fault_trial(work: Path, op: str, at: int, err: int, mode: str, key: bytes | 
     shutil.rmtree(path, ignore_errors=True)
     span, also = MODES[mode]
     fs = FaultFS(op, at, err, span, also)
-    ledger, problems = H.Ledger(), []
+    ledger, problems = Ledger(), []
 
     def on_error(what: str, exc: Exception) -> None:
         ok = isinstance(exc, StoreIOError) or (what in ("open", "reopen") and isinstance(exc, StoreError))
@@ -174,15 +176,15 @@ def fault_trial(work: Path, op: str, at: int, err: int, mode: str, key: bytes | 
 
 
 def run_faults(work: Path, *, size: int = 1, errs=(errno.ENOSPC, errno.EIO), modes=tuple(MODES),
-               stride: int = 1, signed: bool = False) -> H.Tally:
+               stride: int = 1, signed: bool = False) -> T.Tally:
     """Every call index (every stride-th) of every op, for each errno and mode."""
-    tally = H.Tally()
+    tally = T.Tally()
     work.mkdir(parents=True, exist_ok=True)
     key = H.SIGN_KEY if signed else None
     dry = FaultFS()
     probe = work / "fault-probe"
     shutil.rmtree(probe, ignore_errors=True)
-    st = drive(probe, dry, workload(size), key, H.Ledger(), lambda op, exc: None)
+    st = drive(probe, dry, workload(size), key, Ledger(), lambda op, exc: None)
     if st is not None:
         st.close()
     shutil.rmtree(probe, ignore_errors=True)
@@ -198,18 +200,18 @@ def run_faults(work: Path, *, size: int = 1, errs=(errno.ENOSPC, errno.EIO), mod
                     tally.add("fault runs")
                     tally.add("faults injected", injected)
                     for p in problems:
-                        tally.fail(f"disk fault ({op}): {H.cause_of(p)}",
-                                   H.describe(family="disk fault", op=op, call=at, errno=errno.errorcode[err],
+                        tally.fail(f"disk fault ({op}): {T.cause_of(p)}",
+                                   T.describe(family="disk fault", op=op, call=at, errno=errno.errorcode[err],
                                               mode=mode, signed=signed, workload_size=size) + f" :: {p}")
     tally.add("fault calls counted", sum(dry.counts.values()))
     return tally
 
 
 # -- a real full disk ---------------------------------------------------------------------------------
-def run_tmpfs(work: Path, *, size_mb: int = 4, rounds: int = 2) -> H.Tally:
+def run_tmpfs(work: Path, *, size_mb: int = 4, rounds: int = 2) -> T.Tally:
     """Fill a real tmpfs until the store fails, free space, continue; twice. 'tmpfs skipped' when
     mount is refused (not root, or no tmpfs)."""
-    tally = H.Tally()
+    tally = T.Tally()
     mnt = work / "tmpfs"
     mnt.mkdir(parents=True, exist_ok=True)
     try:
@@ -229,8 +231,8 @@ def run_tmpfs(work: Path, *, size_mb: int = 4, rounds: int = 2) -> H.Tally:
     return tally
 
 
-def _fill_and_free(mnt: Path, tally: H.Tally, rounds: int) -> None:
-    path, ledger = mnt / "s", H.Ledger()
+def _fill_and_free(mnt: Path, tally: T.Tally, rounds: int) -> None:
+    path, ledger = mnt / "s", Ledger()
     st = Store.open(path, segment_bytes=H.SEGMENT_BYTES)
     seq = 50_000
 
@@ -238,7 +240,7 @@ def _fill_and_free(mnt: Path, tally: H.Tally, rounds: int) -> None:
         tally.add("tmpfs failures")
         if not isinstance(exc, StoreIOError):
             tally.fail(f"real disk full: {what} raised {type(exc).__name__}, not StoreIOError",
-                       H.describe(family="tmpfs", what=what, acked_newest=ledger.newest) + f" :: {exc}")
+                       T.describe(family="tmpfs", what=what, acked_newest=ledger.newest) + f" :: {exc}")
     for rnd in range(rounds):
         free = shutil.disk_usage(mnt).free
         filler = mnt / f"filler{rnd}"
@@ -268,7 +270,7 @@ def _fill_and_free(mnt: Path, tally: H.Tally, rounds: int) -> None:
             why = O.check_epoch(st, e)
             if why:
                 tally.fail("real disk full: an acknowledged epoch reads back wrong on the full disk",
-                           H.describe(family="tmpfs", epoch=e) + f" :: {why}")
+                           T.describe(family="tmpfs", epoch=e) + f" :: {why}")
         filler.unlink()                  # space freed: the same Store object must write again
         for _ in range(5):
             e = (st.latest_epoch() or 0) + 1
@@ -276,10 +278,10 @@ def _fill_and_free(mnt: Path, tally: H.Tally, rounds: int) -> None:
                 ledger.acked.add(st.write_epoch(H.pages_for(e), H.manifest(e), name=H.epoch_name(e)).id)
             except Exception as exc:  # noqa: BLE001
                 tally.fail("real disk full: not usable after space was freed",
-                           H.describe(family="tmpfs", round=rnd, epoch=e) + f" :: {type(exc).__name__}: {exc}")
+                           T.describe(family="tmpfs", round=rnd, epoch=e) + f" :: {type(exc).__name__}: {exc}")
         ledger.droppable = max([ledger.droppable] + [x.id for x in st.epochs()[:-H.KEEP] if x.name is None])
         st.retain(H.KEEP)
         st.compact()
     st.close()
     for p in O.check_store(path, ledger):
-        tally.fail(f"real disk full, reopened: {H.cause_of(p)}", H.describe(family="tmpfs") + f" :: {p}")
+        tally.fail(f"real disk full, reopened: {T.cause_of(p)}", T.describe(family="tmpfs") + f" :: {p}")

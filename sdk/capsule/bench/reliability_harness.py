@@ -1,23 +1,10 @@
-"""The reliability campaign's shared harness: a content model, a ledger of what was acknowledged,
-work folders and tallies. Torch-free (the SIGKILL children import it without capsule/__init__).
+"""The reliability campaign's shared harness: a content model and work folders. Torch-free (the
+SIGKILL children import it without capsule/__init__). What writers acknowledged: reliability_ledger;
+counts and failures of trials: reliability_tally.
 
 Content model: every page, manifest and fact KV is a pure function of its ids, so a checker knows
 the exact bytes of every epoch's view without having seen the writer. Epoch e writes
 ``pages_for(e)`` with the default base (e - 1); its full view is ``expected_view(e)``.
-
-Ledger: what a writer reported, one line per event, written (unbuffered) right after the call
-returned ("acknowledged") or right before it started ("attempted", where that widens what may
-legitimately be found afterwards):
-
-    E <id>          epoch <id> is durable (write_epoch / sync returned)
-    R <t>           retain(KEEP) is about to run: unnamed epochs <= t may go
-    F <id> <seq>    fact <id> (text/KV of sequence number seq, KV variant 1) is durable
-    k <id> <w>      set_fact_kv(<id>) to KV variant w is about to run;   K <id> <w>: it returned
-    f <id>          forget_fact(<id>) is about to run;                    G <id>: it returned
-    @ <op>          the writer starts <op> (where a kill landed: the last "@" before the end)
-    P <step> <hex>  (Session writers) the state digest of step <step> about to be checkpointed
-    A <epoch>       (Session writers) epoch is durable (checkpoint(wait=True) / flush returned)
-    W <mark> <s>    when the writer's Store.open started / ended (aims later kills; not a fact)
 
 The oracles that use them are in reliability_oracle.py. Public API only throughout.
 """
@@ -30,9 +17,8 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..memory.facttable import FactTable
@@ -128,79 +114,6 @@ def set_fact_kv(st: Store, fid: int, seq: int, variant: int) -> None:
     facts(st).set_fact_kv(fid, n_tokens=1 + seq % 50, fingerprint="rel-fp", rope="rel-rope", kv=fact_kv(seq, variant))
 
 
-# -- the ledger -------------------------------------------------------------------------------------
-@dataclass
-class Ledger:
-    """What writers acknowledged (and attempted) on one store, over any number of writer lives."""
-    acked: set[int] = field(default_factory=set)
-    droppable: int = 0                                    # unnamed epochs <= this may be retained away
-    facts: dict[int, int] = field(default_factory=dict)   # acked fact id -> seq
-    kv_acked: dict[int, int] = field(default_factory=dict)
-    kv_tried: dict[int, int] = field(default_factory=dict)
-    forget_tried: set[int] = field(default_factory=set)
-    forgotten: set[int] = field(default_factory=set)
-    digests: dict[int, set[str]] = field(default_factory=dict)   # Session writers: step -> digests
-    last_op: str = ""
-    lines: int = 0
-
-    def feed(self, text: str) -> None:
-        for line in text.splitlines():
-            self.line(line)
-
-    def line(self, line: str) -> None:
-        parts = line.split()
-        if not parts:
-            return
-        self.lines += 1
-        tag, args = parts[0], parts[1:]
-        try:
-            nums = [int(a) for a in args] if tag != "@" and tag != "P" else []
-        except ValueError:
-            return  # a torn last line (the writer died mid-write): never acknowledged
-        if tag in ("E", "A") and nums:
-            self.acked.add(nums[0])
-        elif tag == "R" and nums:
-            self.droppable = max(self.droppable, nums[0])
-        elif tag == "F" and len(nums) == 2:
-            self.facts[nums[0]] = nums[1]
-        elif tag == "k" and len(nums) == 2:
-            self.kv_tried[nums[0]] = max(self.kv_tried.get(nums[0], 1), nums[1])
-        elif tag == "K" and len(nums) == 2:
-            self.kv_acked[nums[0]] = nums[1]
-        elif tag == "f" and nums:
-            self.forget_tried.add(nums[0])
-        elif tag == "G" and nums:
-            self.forgotten.add(nums[0])
-        elif tag == "P" and len(args) == 2 and args[0].isdigit():
-            self.digests.setdefault(int(args[0]), set()).add(args[1])
-        if tag == "@":
-            self.last_op = " ".join(args)
-        elif tag in "EAFKG":
-            self.last_op = f"idle (after {tag})"
-
-    @property
-    def newest(self) -> int:
-        return max(self.acked, default=0)
-
-    def must_have(self) -> set[int]:
-        """Acknowledged epochs that retention would keep."""
-        return {e for e in self.acked if epoch_name(e) is not None or e > self.droppable}
-
-    def live_facts(self) -> list[tuple[int, int, int]]:
-        """(id, seq, next KV variant) of acknowledged facts that no forget was tried on."""
-        return [(fid, seq, self.kv_tried.get(fid, 1) + 1) for fid, seq in sorted(self.facts.items())
-                if fid not in self.forget_tried]
-
-    def copy(self) -> "Ledger":
-        return Ledger(set(self.acked), self.droppable, dict(self.facts), dict(self.kv_acked),
-                      dict(self.kv_tried), set(self.forget_tried), set(self.forgotten),
-                      {k: set(v) for k, v in self.digests.items()}, self.last_op, self.lines)
-
-
-def span(ids: list[int]) -> str:
-    return "no epochs" if not ids else f"{len(ids)} epochs {ids[0]}..{ids[-1]}"
-
-
 # -- folders ----------------------------------------------------------------------------------------
 def seg_files(folder: Path) -> dict[str, bytes]:
     seg = folder / "segments"
@@ -266,53 +179,3 @@ def work_dir(name: str, *, prune_after_s: float = 6 * 3600) -> Path:
 
 def copy_store(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("LOCK"))
-
-
-def describe(**kw: Any) -> str:
-    return json.dumps(kw, sort_keys=True, default=str)
-
-
-@dataclass
-class Tally:
-    """Counts and failures of one family of trials. failures: (cause, recipe) pairs."""
-    counts: dict[str, int] = field(default_factory=dict)
-    failures: list[tuple[str, str]] = field(default_factory=list)
-
-    def add(self, key: str, n: int = 1) -> None:
-        self.counts[key] = self.counts.get(key, 0) + n
-
-    def fail(self, cause: str, recipe: str) -> None:
-        self.failures.append((cause, recipe))
-
-    def merge(self, other: "Tally") -> "Tally":
-        for k, v in other.counts.items():
-            self.add(k, v)
-        self.failures += other.failures
-        return self
-
-    def report(self, limit: int = 12) -> str:
-        """Failures grouped by cause, one recipe each (plus the count)."""
-        groups: dict[str, list[str]] = {}
-        for cause, recipe in self.failures:
-            groups.setdefault(cause, []).append(recipe)
-        lines = [f"{len(self.failures)} failing trials in {len(groups)} causes; counts {self.counts}"]
-        for cause, recipes in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:limit]:
-            lines.append(f"- [{len(recipes)}x] {cause}\n    recipe: {recipes[0]}")
-        return "\n".join(lines)
-
-
-def cause_of(problem: str) -> str:
-    """A problem message reduced to its cause, for grouping: paths and numbers dropped, and an
-    exception cut to its type."""
-    text = re.sub(r"/\S+", "PATH", problem)
-    m = re.search(r" raised (untyped )?(\w+)", text)
-    if m:
-        text = text[:m.end()]
-    text = re.sub(r"\d+", "N", text)
-    for cut in (" (report:", " (no report)", " (got ", "; skipped", " (store holds", ": ["):
-        if cut in text:
-            text = text[:text.index(cut)] + (" with no report" if cut == " (no report)" else
-                                             " with a report" if cut == " (report:" else "")
-    return text[:150]
-
-

@@ -22,6 +22,8 @@ import xxhash
 
 from ..store import SigningKeyError, Store
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger
 from .reliability_damage import Image, build_images, judge
 
 REC = struct.Struct("<4sHBBQQHQ")
@@ -163,8 +165,8 @@ def absurd_row(folder: Path, img, rng) -> str:
 HOSTILE = (forge_xxh3, forge_wrong_key, swap_records, huge_length, rename_segment, row_to_older_page, absurd_row)
 
 
-def run_hostile(work: Path, *, rounds: int = 2, seed: int = 0) -> H.Tally:
-    tally = H.Tally()
+def run_hostile(work: Path, *, rounds: int = 2, seed: int = 0) -> T.Tally:
+    tally = T.Tally()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for r in range(rounds):
         for signed in (False, True):
@@ -184,24 +186,24 @@ def run_hostile(work: Path, *, rounds: int = 2, seed: int = 0) -> H.Tally:
     grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
     if grew > 200 << 10:
         tally.fail("hostile inputs: peak RSS grew by over 200 MiB (an allocation driven by a hostile length?)",
-                   H.describe(family="hostile", grew_kib=grew))
+                   T.describe(family="hostile", grew_kib=grew))
     return tally
 
 
-def _judge(folder: Path, img, name: str, tally: H.Tally) -> None:
+def _judge(folder: Path, img, name: str, tally: T.Tally) -> None:
     outcome, problems = judge(folder, img, "hostile")
     tally.add("hostile inputs")
     tally.add("hostile inputs refused" if outcome in ("refused", "fell-back-reported") else f"hostile {outcome}")
     for p in problems:
-        tally.fail(f"hostile input ({name}): {H.cause_of(p)}",
-                   H.describe(family="hostile", attack=name, image=img.label, kept=str(folder)) + f" :: {p}")
+        tally.fail(f"hostile input ({name}): {T.cause_of(p)}",
+                   T.describe(family="hostile", attack=name, image=img.label, kept=str(folder)) + f" :: {p}")
     if not problems:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _rollback(work: Path, seed: int, signed: bool) -> H.Tally:
+def _rollback(work: Path, seed: int, signed: bool) -> T.Tally:
     """index.sqlite replaced by a copy taken 5 epochs earlier (segments are newer than the index)."""
-    tally = H.Tally()
+    tally = T.Tally()
     key = H.SIGN_KEY if signed else None
     path = work / f"rollback-{seed}-{int(signed)}"
     shutil.rmtree(path, ignore_errors=True)
@@ -220,35 +222,35 @@ def _rollback(work: Path, seed: int, signed: bool) -> H.Tally:
         (path / n).unlink(missing_ok=True)
         if (old / n).exists():
             shutil.copy(old / n, path / n)
-    img = Image(path, False, key, list(range(1, 21)), H.Ledger(acked=set(range(1, 21))), segs)
+    img = Image(path, False, key, list(range(1, 21)), Ledger(acked=set(range(1, 21))), segs)
     _judge_index(path, img, tally)
     return tally
 
 
-def _judge_index(folder: Path, img, tally: H.Tally) -> None:
+def _judge_index(folder: Path, img, tally: T.Tally) -> None:
     outcome, problems = judge(folder, img, "index")
     tally.add("hostile inputs")
     tally.add("hostile inputs refused" if outcome == "refused" else f"hostile {outcome}")
     for p in problems:
-        tally.fail(f"hostile input (index-rolled-back): {H.cause_of(p)}",
-                   H.describe(family="hostile", attack="index-rolled-back", signed=img.key is not None,
+        tally.fail(f"hostile input (index-rolled-back): {T.cause_of(p)}",
+                   T.describe(family="hostile", attack="index-rolled-back", signed=img.key is not None,
                               kept=str(folder)) + f" :: {p}")
 
 
-def _keys(img) -> H.Tally:
+def _keys(img) -> T.Tally:
     """Opening with no key, another key, or a key for an unsigned store: SigningKeyError."""
-    tally = H.Tally()
+    tally = T.Tally()
     tries = ([None, b"another-key-of-16+bytes"] if img.key else [H.SIGN_KEY])
     for key in tries:
         tally.add("hostile inputs")
         try:
             Store.open(img.folder, sign_key=key).close()
             tally.fail("hostile input (wrong signing key): the store opened",
-                       H.describe(family="hostile", attack="wrong-key", image=img.label))
+                       T.describe(family="hostile", attack="wrong-key", image=img.label))
         except SigningKeyError:
             tally.add("hostile inputs refused")
         except Exception as exc:  # noqa: BLE001
             tally.fail(f"hostile input (wrong signing key): raised {type(exc).__name__}, not SigningKeyError",
-                       H.describe(family="hostile", attack="wrong-key", image=img.label) + f" :: {exc}")
+                       T.describe(family="hostile", attack="wrong-key", image=img.label) + f" :: {exc}")
     return tally
 

@@ -4,7 +4,7 @@ A fork server (the "zygote") imports the store once (flavor "store": capsule.sto
 capsule/__init__, so no torch; flavor "session": all of capsule) and forks one writer per trial;
 the zygote itself sleeps the trial's delay and SIGKILLs the child it forked (a pid it has not
 reaped yet, so never someone else's), then reaps it. A child writes its ledger (see
-reliability_harness) to a file with unbuffered writes, which survive its death.
+reliability_ledger) to a file with unbuffered writes, which survive its death.
 
 Trials come in chains: one store, several writer lives, each killed, each followed by the
 oracle (which also writes one epoch: the store must be usable). A chain's first kill often lands
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger
 from . import reliability_oracle as O
 
 SDK = str(Path(__file__).resolve().parents[2])
@@ -81,7 +83,7 @@ class Zygote:
         self.proc.wait(timeout=30)
 
 
-def check_session(path: Path, ledger: H.Ledger, model: str | None, signed: bool,
+def check_session(path: Path, ledger: Ledger, model: str | None, signed: bool,
                   notes: list[str] | None = None) -> list[str]:
     from .reliability_children import open_session, session_digest, session_step
     """Session kill oracle: open restores >= the newest acknowledged epoch, reports nothing, and
@@ -190,10 +192,10 @@ def delay_for(rng: random.Random, kind: str, first: bool, aim: float = 0.5) -> f
     return rng.uniform(0.03, 0.4)
 
 
-def run_chain(spec: ChainSpec, root: Path, zygote: Zygote, tally: H.Tally, lock: threading.Lock) -> None:
+def run_chain(spec: ChainSpec, root: Path, zygote: Zygote, tally: T.Tally, lock: threading.Lock) -> None:
     rng = random.Random(spec.seed)
     path = root / f"{spec.kind}-{spec.seed}"
-    ledger = H.Ledger()
+    ledger = Ledger()
     for life in range(spec.kills):
         ack, err = root / f"{path.name}.{life}.ack", root / f"{path.name}.{life}.err"
         delay = delay_for(rng, spec.kind, life == 0, 0.9 if spec.kills == 1 else 0.5)
@@ -207,7 +209,7 @@ def run_chain(spec: ChainSpec, root: Path, zygote: Zygote, tally: H.Tally, lock:
         if life == 0:
             WINDOWS.learn(spec.kind, text)
         where = ledger.last_op or "startup (before its first line)"
-        recipe = H.describe(family="kill", chain=spec.__dict__, life=life, delay_s=round(delay, 5),
+        recipe = T.describe(family="kill", chain=spec.__dict__, life=life, delay_s=round(delay, 5),
                             killed_in=where, acked_newest=ledger.newest, store=str(path))
         with lock:
             tally.add("kills")
@@ -228,7 +230,7 @@ def run_chain(spec: ChainSpec, root: Path, zygote: Zygote, tally: H.Tally, lock:
             for p in problems:
                 if "acknowledged epochs lost" in p or "< newest acknowledged" in p:
                     tally.add("acknowledged epochs lost", 1)
-                tally.fail(f"kill ({spec.kind}): {H.cause_of(p)}", f"{recipe} :: {p}")
+                tally.fail(f"kill ({spec.kind}): {T.cause_of(p)}", f"{recipe} :: {p}")
         for f in (ack, err):
             f.unlink(missing_ok=True)
         if problems:
@@ -237,9 +239,9 @@ def run_chain(spec: ChainSpec, root: Path, zygote: Zygote, tally: H.Tally, lock:
         tally.add("acknowledged epochs", len(ledger.acked))
 
 
-def run_kills(root: Path, chains: list[ChainSpec], workers: int = 2) -> H.Tally:
+def run_kills(root: Path, chains: list[ChainSpec], workers: int = 2) -> T.Tally:
     """Run every chain on `workers` threads, each with its own zygotes; returns the tally."""
-    tally, lock = H.Tally(), threading.Lock()
+    tally, lock = T.Tally(), threading.Lock()
     root.mkdir(parents=True, exist_ok=True)
     queue = list(chains)
     qlock = threading.Lock()

@@ -14,8 +14,8 @@ from ..errors import CapsuleError
 from ..memory.facterrors import UnknownFact
 from ..store import Store
 from . import reliability_harness as H
-from .reliability_harness import (SEGMENT_BYTES, Ledger, epoch_name, expected_view, fact_kv, fact_seq, manifest,
-                                  pages_for, span)
+from .reliability_harness import SEGMENT_BYTES, epoch_name, expected_view, fact_kv, fact_seq, manifest, pages_for
+from .reliability_ledger import Ledger, span
 
 
 # -- checks -----------------------------------------------------------------------------------------

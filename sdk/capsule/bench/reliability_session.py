@@ -12,16 +12,18 @@ from pathlib import Path
 
 from ..errors import CapsuleError
 from . import reliability_harness as H
+from . import reliability_tally as T
+from .reliability_ledger import Ledger
 from .reliability_inject import damage_index, damage_segments
 from .reliability_children import open_session, session_digest, session_step
 
 STEPS = 10
 
 
-def build(root: Path, seed: int, signed: bool) -> tuple[Path, H.Ledger]:
+def build(root: Path, seed: int, signed: bool) -> tuple[Path, Ledger]:
     path = root / f"session-image-{seed}-{int(signed)}"
     shutil.rmtree(path, ignore_errors=True)
-    ledger = H.Ledger()
+    ledger = Ledger()
     s = open_session(str(path), None, signed)
     try:
         for step in range(STEPS + random.Random(seed).randrange(4)):
@@ -33,7 +35,7 @@ def build(root: Path, seed: int, signed: bool) -> tuple[Path, H.Ledger]:
     return path, ledger
 
 
-def judge(folder: Path, ledger: H.Ledger, area: str, signed: bool) -> tuple[str, list[str]]:
+def judge(folder: Path, ledger: Ledger, area: str, signed: bool) -> tuple[str, list[str]]:
     try:
         s = open_session(str(folder), None, signed)
     except CapsuleError:
@@ -61,8 +63,8 @@ def judge(folder: Path, ledger: H.Ledger, area: str, signed: bool) -> tuple[str,
         s.close()
 
 
-def run_session_damage(root: Path, trials: int, *, seed: int = 0) -> H.Tally:
-    tally = H.Tally()
+def run_session_damage(root: Path, trials: int, *, seed: int = 0) -> T.Tally:
+    tally = T.Tally()
     images: dict = {}
     for n in range(trials):
         area = "segments" if n % 3 else "index"
@@ -86,8 +88,8 @@ def run_session_damage(root: Path, trials: int, *, seed: int = 0) -> H.Tally:
         tally.add(f"{'index' if area == 'index' else 'segments'} {outcome}")
         tally.add(f"damaged {d['file'].split('.', 1)[-1] if area == 'index' else 'seg'}")
         for p in problems:
-            tally.fail(f"session {area} damage: {H.cause_of(p)}",
-                       H.describe(family=f"session {area} damage", seed=seed, trial=n, signed=signed, damage=d)
+            tally.fail(f"session {area} damage: {T.cause_of(p)}",
+                       T.describe(family=f"session {area} damage", seed=seed, trial=n, signed=signed, damage=d)
                        + f" :: {p}")
         if not problems:
             shutil.rmtree(folder, ignore_errors=True)

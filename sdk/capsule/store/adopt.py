@@ -20,10 +20,11 @@ from pathlib import Path
 
 from .. import safejson
 from . import envelope, keyeddb, keyedrecord
-from .commit import listing_of
+from .deltas import listing_of
 from .envelope import Envelope, Listing
 from .errors import StoreError
-from .index import Index, insert_epochs
+from .index import Index
+from .pagemap import insert_epochs
 from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .records import KIND_EPOCH, KIND_FORGET, KIND_PAGE, KIND_RECORD, RecordError, Sealer
 from .scan import Scanned, SegmentScan, open_segment, payload

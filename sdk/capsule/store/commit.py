@@ -1,14 +1,12 @@
 """The commit protocol: append records -> fsync segments (+ folder on a new file) -> one SQLite
 transaction, the commit point. Also the way back to the committed state after a failure or a
-crash: cut every byte the index does not know about.
+crash: cut every byte the index does not know about (rewind.py). A delta's base: deltas.py.
 
 Threading: one Committer per Store, called with the Store's writer lock held; it takes the
 state lock (`lock`) only around index access.
 """
 from __future__ import annotations
 
-import errno
-import os
 import sqlite3
 import threading
 import time
@@ -16,16 +14,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NoReturn
 
 from ..errors import StoreError
-from .errors import StoreIOError, UnknownEpoch
-from . import envelope
+from . import deltas, envelope, rewind
 from .envelope import Envelope, Listing
-from .errors import IndexCorrupt, PageCorrupt
+from .errors import IndexCorrupt, StoreIOError
 from .index import Index
 from .info import EpochInfo, Head, PageRef, StagedEpoch
 from .inputs import as_bytes_view, check_meta, check_name, check_pages
-from .reader import read_manifest, read_tags
-from .records import KIND_EPOCH, KIND_PAGE, MAX_MANIFEST_BYTES, SEGMENT_HEADER, Sealer, encode_record
-from .segments import FileOps, Position, SegmentReader, SegmentWriter, list_segment_files, segment_path
+from .records import KIND_EPOCH, KIND_PAGE, MAX_MANIFEST_BYTES, Sealer, encode_record
+from .rewind import reason
+from .segments import FileOps, Position, SegmentWriter
 
 
 class Committer:
@@ -65,8 +62,10 @@ class Committer:
                                      or any(s.info.name == name for s in self.staged)):
                 raise ValueError(f"epoch name {name!r} is already used by a retained epoch; "
                                  f"names must be unique")
-            aliases = self._base_rows(epoch, base, {(r, i) for r, i, _ in items})
-            listing = dict(self._base_listing(epoch, base))   # regions shared until written
+            aliases = deltas.base_rows(self._index, self.staged, epoch, base, {(r, i) for r, i, _ in items},
+                                       self.path)
+            listing = dict(deltas.base_listing(self.seg_dir, self._sealer, self._index, self._listing, epoch,
+                                               base, self.path))   # regions shared until written
             retained = envelope.runs([*self._index.epoch_ids(), *(s.info.id for s in self.staged), epoch])
         start, rows, touched = self.writer.position(), [], set()
         base_id = epoch - 1 if base is None else base
@@ -99,36 +98,6 @@ class Committer:
         self.staged.append(staged)
         self._listing = (epoch, listing)
         return staged
-
-    def _base_listing(self, epoch: int, base: int | None) -> Listing:
-        """The listing epoch's view starts from: base's (default: epoch - 1; 0: empty)."""
-        of = epoch - 1 if base is None else base
-        if of == 0:
-            return {}
-        if self._listing is not None and self._listing[0] == of:
-            return self._listing[1]
-        ref = self._index.manifest_ref(of)
-        if ref is None:
-            raise UnknownEpoch(f"base epoch {of} is not in store {self.path}")
-        return listing_of(self.seg_dir, self._sealer, self._index, ref, of)
-
-    def _base_rows(self, epoch: int, base: int | None, written: set[tuple[str, int]]) -> list[PageRef]:
-        """Index-only rows that make epoch's view = base's view + its pages (no bytes rewritten)."""
-        if base is not None and (isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < epoch):
-            raise ValueError(f"base must be 0 or an epoch before {epoch}, got {base!r}")
-        if base is None or base == epoch - 1:
-            return []
-        if self.staged:
-            raise ValueError("sync() the staged epochs before writing an epoch with an older base")
-        if base and self._index.manifest_ref(base) is None:
-            raise UnknownEpoch(f"base epoch {base} is not in store {self.path} (dropped by retention?)")
-        old = {(r.region, r.index): r for r in self._index.view(base)} if base else {}
-        rows = []
-        for key in sorted(self._index.changed_after(base) - written):
-            ref = old.get(key)
-            rows.append(PageRef(key[0], key[1], ref.rec_epoch, ref.segment, ref.offset, ref.length) if ref
-                        else PageRef(key[0], key[1], epoch, None, None, None))  # tombstone
-        return rows
 
     def _append(self, kind: int, epoch: int, region: str, index: int, data: Any) -> tuple[PageRef, bytes]:
         parts = encode_record(self._sealer, kind, epoch, region, index, data)
@@ -257,30 +226,22 @@ class Committer:
     def reset_to_committed(self) -> None:
         """Make the files match the index: delete never-committed segment files, cut the active
         segment past its committed end, and append after it (or in a fresh file when committed
-        bytes are missing: never write over what the index points at)."""
+        bytes are missing: never write over what the index points at). See rewind.py."""
         self.writer.abandon()
         self._listing = None
-        with self._lock:
-            live = self._index.segments("live")
-        top = max(live, default=0)
-        orphans = [s for s in list_segment_files(self.seg_dir) if s > top]
-        for seg in orphans:
-            self._fs.unlink(str(segment_path(self.seg_dir, seg)))
-        if orphans:
-            self._fs.fsync_dir(str(self.seg_dir))
-        if not top:
-            return self.writer.attach(None, 0, 1)
-        end, path = live[top], segment_path(self.seg_dir, top)
-        size = path.stat().st_size if path.exists() else -1
-        if size > end:
-            fd = self._fs.open(str(path), os.O_WRONLY)
+        rewind.reset_to_committed(self.writer, self._index, self._lock, self._fs, self.seg_dir)
+
+    def drop_staged(self) -> list[int]:
+        """Drop staged, unsynced epochs and cut their bytes (a poisoned Committer when the cut
+        fails: the next write cuts them first, or raises). Returns their ids."""
+        ids = [s.info.id for s in self.staged]
+        if ids:
+            self.staged.clear()
             try:
-                self._fs.truncate(fd, end)
-                self._fs.fsync(fd)
-            finally:
-                self._fs.close(fd)
-        ok = size >= end >= SEGMENT_HEADER.size
-        self.writer.attach(top if ok else None, end if ok else 0, top + 1)
+                self.reset_to_committed()
+            except OSError:
+                self.poison()
+        return ids
 
     def discard(self) -> None:
         """At close: drop staged epochs (never acknowledged) and cut their bytes, best effort."""
@@ -292,28 +253,3 @@ class Committer:
             pass  # the next open cuts the tail anyway
         finally:
             self.writer.abandon()
-
-
-def listing_of(seg_dir: Path, sealer: Sealer, index: Index, manifest: PageRef, epoch: int) -> Listing:
-    """A committed epoch's listing: its envelope's; for an older bare manifest, built from the
-    index rows and the tags of the records they point at (which are verified on the way)."""
-    try:
-        with SegmentReader(seg_dir, sealer.signed) as segs:
-            man = read_manifest(segs, sealer, manifest, epoch)
-            if man.envelope is not None:
-                return man.envelope.listing
-            refs = index.view(epoch)
-            tags = read_tags(segs, sealer, refs, epoch)
-    except PageCorrupt as exc:
-        raise StoreError(f"epoch {epoch}, the base of the next epoch, cannot be read ({exc.summary}); "
-                         f"checkpoint a full capture (base 0) instead") from exc
-    listing: Listing = {}
-    for ref in refs:
-        listing.setdefault(ref.region, {})[ref.index] = (ref.rec_epoch, tags[ref.region][ref.index])  # type: ignore
-    return listing
-
-
-def reason(exc: BaseException | None) -> str:
-    if isinstance(exc, OSError) and exc.errno:
-        return f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror or exc}"
-    return str(exc)

@@ -1,59 +1,29 @@
-"""index.sqlite: schema, integrity checks at open, and every query the store makes.
+"""index.sqlite: the connection, its transactions and guard, and every query the store makes.
+The file's checks at open and its creation: indexfile.py; a writer's epoch / page-map SQL: pagemap.py.
 
 Threading: one connection (check_same_thread=False); the Store calls it only under its state
 lock. Transactions are explicit (BEGIN IMMEDIATE ... COMMIT); nothing commits implicitly.
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
-import json
-import os
 import sqlite3
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..errors import StoreError
-from . import keyeddb, rows, schema
-from . import fsafe
+from . import indexfile, keyeddb, pagemap, rows, schema
 from .errors import IndexCorrupt, StoreIOError
 from .info import EpochInfo, Head, PageRef, StagedEpoch
+from .pagemap import EPOCH_COLS
 from .rows import RowError
-from .sqlitefile import COMPANIONS, check_sqlite_header, hot_journal, is_corruption, roll_back
+from .schema import SCHEMA_VERSION
+from .sqlitefile import is_corruption
 
-SCHEMA_VERSION = 1
-_EPOCH_COLS = "id, name, created, bytes_written, n_pages, meta, base"
 # (table, segment, offset, length columns, filter): where rows point at records
 _LOCATIONS = (("pages", "segment", "offset", "length", " WHERE segment IS NOT NULL"),
               ("epochs", "man_segment", "man_offset", "man_length", ""),
               ("records", "segment", "offset", "length", ""),
               ("forgotten", "segment", "offset", "length", ""))
-
-
-def _create(path: Path) -> None:
-    """A new index, whole or never there: the schema and schema_version are built in a temporary
-    file which is fsynced and renamed over `path` (fsafe.create_by_rename). The companions of the
-    empty file it replaces go first: SQLite would apply a stale -wal or -journal to the new file."""
-    for suffix in COMPANIONS:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.with_name(path.name + suffix))
-
-    def build(tmp: Path) -> None:
-        conn = sqlite3.connect(fsafe.sqlite_uri(tmp), uri=True, isolation_level=None,
-                               check_same_thread=False, timeout=30)
-        try:  # no journal, no syncs: a crash leaves only the temporary file, never the index
-            conn.execute("PRAGMA journal_mode=OFF").fetchall()
-            conn.execute("PRAGMA synchronous=OFF")
-            Index(tmp, conn)._create_schema()
-            conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
-        finally:
-            conn.close()
-    try:
-        fsafe.create_by_rename(path, build)
-    except (OSError, sqlite3.Error) as exc:  # e.g. a full disk
-        raise StoreIOError(f"creating the index {path} failed: {exc}; nothing was created, free space "
-                           f"or fix the disk and open again") from exc
 
 
 class Index:
@@ -64,38 +34,16 @@ class Index:
 
     @classmethod
     def open(cls, path: Path, *, create: bool, segments_exist: bool) -> "Index":
-        damaged = (f"the store's index {path} is damaged or missing while segment files exist, so its "
-                   f"epochs cannot be found or trusted; nothing was changed. Keep a copy of the folder "
-                   f"(or move it away to start a new store)")
-        for suffix in ("",) + COMPANIONS:  # SQLite cannot take O_NOFOLLOW for these: look first
-            fsafe.check_entry(path.with_name(path.name + suffix))
-        fsafe.discard_temp(path)            # a creation a crash cut short: it never was the index
-        if hot_journal(path):
-            roll_back(path)                # the checks below see the last commit, as SQLite does
-        fresh = not path.exists() or path.stat().st_size == 0
-        if fresh and segments_exist:
-            raise IndexCorrupt(damaged)
-        if fresh and not create:
-            raise StoreError(f"no capsule store at {path.parent} (pass create=True to make one)")
-        if fresh:
-            _create(path)   # 0600 like its temporary file: WAL/SHM inherit the mode
-        else:
-            check_sqlite_header(path)
-        os.chmod(path, 0o600)
-        conn = sqlite3.connect(fsafe.sqlite_uri(path), uri=True, isolation_level=None,
-                               check_same_thread=False, timeout=30)
+        indexfile.prepare(path, create=create, segments_exist=segments_exist,
+                          build=lambda conn, tmp: Index(tmp, conn)._create_schema())
+        conn = indexfile.connect(path)
         index = cls(path, conn)
         try:
             with index._guard("opening"):
-                conn.execute("PRAGMA journal_mode=WAL").fetchall()
-                conn.execute("PRAGMA synchronous=FULL")
-                # keep the WAL small on a robot's flash: checkpoint every 256 pages (1 MiB), and
-                # truncate the file back to 1 MiB after a checkpoint instead of keeping its peak
-                conn.execute("PRAGMA wal_autocheckpoint=256")
-                conn.execute("PRAGMA journal_size_limit=1048576")
+                indexfile.configure(conn)
                 if not index._initialized():
                     if segments_exist:
-                        raise IndexCorrupt(damaged)
+                        raise IndexCorrupt(indexfile.damaged(path))
                     index._create_schema()
                 elif not keyeddb.has_tables(conn):  # an older store: gains them (upgrade.py fills them)
                     with index.transaction("adding the keyed-record tables") as c:
@@ -148,7 +96,7 @@ class Index:
         with self.transaction(what) as c:
             apply(c)
             if ends:
-                self._set_ends(c, ends, head)
+                pagemap.set_ends(c, ends, head)
 
     # -- schema / meta -------------------------------------------------------------------------
     def _initialized(self) -> bool:
@@ -183,7 +131,7 @@ class Index:
 
     def epochs(self, where: str = "", args: Iterable = ()) -> list[EpochInfo]:
         with self._guard("reading the epochs"):
-            return [rows.epoch_info(r) for r in self._query(f"SELECT {_EPOCH_COLS} FROM epochs {where} "
+            return [rows.epoch_info(r) for r in self._query(f"SELECT {EPOCH_COLS} FROM epochs {where} "
                                                               f"ORDER BY id", args)]
 
     def epoch_ids(self) -> list[int]:
@@ -218,38 +166,19 @@ class Index:
     def commit(self, staged: list[StagedEpoch], ends: dict[int, int], head: Head | None = None) -> None:
         """THE commit point: every staged epoch's rows and the segments' new ends, atomically."""
         with self.transaction("committing epochs") as c:
-            insert_epochs(c, staged)
-            self._set_ends(c, ends, head)
+            pagemap.insert_epochs(c, staged)
+            pagemap.set_ends(c, ends, head)
 
     @staticmethod
     def set_ends(c: sqlite3.Connection, ends: dict[int, int], head: Head | None = None) -> None:
         """Inside a transaction: the segments' new committed ends and the log's new head."""
-        Index._set_ends(c, ends, head)
-
-    @staticmethod
-    def _set_ends(c: sqlite3.Connection, ends: dict[int, int], head: Head | None = None) -> None:
-        c.executemany("INSERT INTO segments(id, committed_end, state) VALUES (?, ?, 'live') ON CONFLICT(id) "
-                      "DO UPDATE SET committed_end = excluded.committed_end", ends.items())
-        if head is not None:
-            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('head', ?)", (rows.head_text(head),))
+        pagemap.set_ends(c, ends, head)
 
     # -- retention ------------------------------------------------------------------------------
     def drop_epochs(self, dropped: list[int]) -> None:
-        """Delete epochs and every page row no remaining epoch can see, in one transaction.
-        Row (r, i, e) superseded at s is seen by epochs [e, s): only rows whose range holds a
-        dropped epoch can die, and those were superseded after min(dropped) (a small set)."""
+        """Delete epochs and every page row no remaining epoch can see, in one transaction."""
         with self.transaction("dropping old epochs") as c:
-            c.executemany("DELETE FROM epochs WHERE id = ?", [(e,) for e in dropped])
-            kept = [r[0] for r in c.execute("SELECT id FROM epochs ORDER BY id")]
-            rows = c.execute("SELECT region, idx, epoch, superseded FROM pages "
-                             "WHERE superseded > ? AND epoch <= ?", (min(dropped), max(dropped))).fetchall()
-            dead = [(r, i, e) for r, i, e, s in rows if not _any_between(kept, e, s)]
-            c.executemany("DELETE FROM pages WHERE region = ? AND idx = ? AND epoch = ?", dead)
-            for region, idx in {(r, i) for r, i, _ in dead}:
-                # a tombstone with nothing older to hide is useless
-                c.execute("DELETE FROM pages WHERE region = ? AND idx = ? AND segment IS NULL AND epoch = "
-                          "(SELECT MIN(epoch) FROM pages WHERE region = ? AND idx = ?)",
-                          (region, idx, region, idx))
+            pagemap.drop_epochs(c, dropped)
 
     # -- segments / compaction -----------------------------------------------------------------
     def segments(self, state: str = "live") -> dict[int, int]:
@@ -273,15 +202,8 @@ class Index:
                 dead: list[int], head: Head | None = None) -> None:
         """Compaction's commit: rows follow their copied records; old segments become dead."""
         with self.transaction("committing compaction") as c:
-            for (seg, off), (nseg, noff) in moves.items():
-                c.execute("UPDATE pages SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
-                          (nseg, noff, seg, off))
-                c.execute("UPDATE epochs SET man_segment = ?, man_offset = ? "
-                          "WHERE man_segment = ? AND man_offset = ?", (nseg, noff, seg, off))
-                for table in ("records", "forgotten"):
-                    c.execute(f"UPDATE {table} SET segment = ?, offset = ? WHERE segment = ? AND offset = ?",
-                              (nseg, noff, seg, off))
-            self._set_ends(c, ends, head)
+            pagemap.repoint(c, moves)
+            pagemap.set_ends(c, ends, head)
             c.executemany("UPDATE segments SET state = 'dead' WHERE id = ?", [(s,) for s in dead])
 
     def forget_segments(self, ids: list[int]) -> None:
@@ -293,26 +215,6 @@ class Index:
         return [] if rows == [("ok",)] else [f"index: {r[0]}" for r in rows]
 
 
-def insert_epochs(c: sqlite3.Connection, staged: list[StagedEpoch]) -> None:
-    """Inside a transaction: the epoch rows and page rows of staged epochs, oldest first."""
-    for st in staged:
-        e, m = st.info, st.manifest
-        c.execute(f"INSERT INTO epochs({_EPOCH_COLS}, man_segment, man_offset, man_length) "
-                  "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                  (e.id, e.name, e.created, e.bytes_written, e.n_pages, json.dumps(e.meta), e.base,
-                   m.segment, m.offset, m.length))
-        c.executemany("UPDATE pages SET superseded = ? WHERE region = ? AND idx = ? "
-                      "AND superseded IS NULL", [(e.id, r.region, r.index) for r in st.rows])
-        c.executemany("INSERT INTO pages VALUES (?,?,?,?,?,?,?,NULL)",
-                      [(r.region, r.index, e.id, r.rec_epoch, r.segment, r.offset, r.length) for r in st.rows])
-
-
 def _schema_damage(exc: sqlite3.Error) -> bool:
     text = str(exc)
     return "decode" in text or "no such column" in text or "no such table" in text or "has no column" in text
-
-
-def _any_between(sorted_ids: list[int], lo: int, hi: int | None) -> bool:
-    """Is some id in [lo, hi) (hi None: unbounded)?"""
-    i = bisect.bisect_left(sorted_ids, lo)
-    return i < len(sorted_ids) and (hi is None or sorted_ids[i] < hi)

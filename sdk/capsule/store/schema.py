@@ -7,6 +7,8 @@ import sqlite_utils
 
 from . import keyeddb
 
+SCHEMA_VERSION = 1   # meta 'schema_version' of index.sqlite
+
 
 def create(conn: sqlite3.Connection) -> None:
     """Inside a transaction: every table and index of a new store."""

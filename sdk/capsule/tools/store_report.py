@@ -18,7 +18,7 @@ from ..store import Store, quarantine
 from ..memory.facterrors import DamagedFactWarning
 from ..memory.facttable import FactTable
 from ..store.errors import PageCorrupt, SigningKeyError
-from ..store.store import holds_store
+from ..store.folder import holds_store
 
 # A memory fact's KV bytes start with the FactKV header of memory/encode.py (its format constants
 # are imported, not copied; only the header is parsed here): magic, version, dtype code, L, T,
