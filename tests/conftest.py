@@ -1,25 +1,58 @@
-"""Shared fixtures. Builtin presets are materialized into a per-run cache folder."""
+"""Shared fixtures. Builtin presets are materialized into a per-run cache folder.
+
+A run leaves nothing in the temp folder but pytest's own tmp_path root (pytest-of-<user>):
+everything the tests, the SDK and the libraries under them write there (tempfile, TMPDIR;
+subprocesses inherit it) goes into one private folder per run, capsule-test-run-*, removed at
+the end. Before that, the run fails when the tests or the SDK left anything of their own in it
+(capsule-*, tmp*: what they create and must remove).
+"""
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
-import torch
 
-# keep the user's cache untouched and runs independent; one folder per test run, removed at its end
-# (a run leaves nothing in the temp folder; subprocesses the tests start inherit the variable)
-if "CAPSULE_CACHE_DIR" not in os.environ:
-    _RUN_CACHE = tempfile.mkdtemp(prefix="capsule-test-cache-")
-    os.environ["CAPSULE_CACHE_DIR"] = _RUN_CACHE
+# before torch and the libraries read them: the run's temp folder, its caches inside it
+if "CAPSULE_TEST_RUN_TMP" not in os.environ:   # a subprocess running pytest again shares the parent's
+    # pytest's own tmp_path root (pytest-of-<user>, kept after a failure for a post-mortem)
+    # stays in the temp folder, where it was: deeper paths would break AF_UNIX socket tests
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _RUN_TMP = tempfile.mkdtemp(prefix="capsule-test-run-")
+    os.environ["CAPSULE_TEST_RUN_TMP"] = os.environ["TMPDIR"] = _RUN_TMP
+    tempfile.tempdir = _RUN_TMP
 else:
-    _RUN_CACHE = None
+    _RUN_TMP = None
+# keep the user's cache untouched and runs independent (one folder per test run)
+_CACHES = {"CAPSULE_CACHE_DIR": "capsule-cache", "TIKTOKEN_CACHE_DIR": "tiktoken-cache",
+           "TORCHINDUCTOR_CACHE_DIR": "torchinductor-cache"}
+for _var, _name in _CACHES.items():
+    if _RUN_TMP is not None and _var not in os.environ:
+        os.environ[_var] = os.path.join(_RUN_TMP, "caches", _name)
+
+import torch  # noqa: E402
+
+# what the tests and the SDK name their temporary files and folders (the caches above, and
+# what libraries write there, such as onnxruntime's .ses, are the run's, not leaks)
+OWN_PREFIXES = ("capsule-", "tmp")
 
 
+def leftovers(folder: Path) -> list[str]:
+    """Names in `folder` that a test or the SDK made and did not remove."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(OWN_PREFIXES))
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    if _RUN_CACHE is not None:
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+    if _RUN_TMP is None:
+        return
+    left = leftovers(Path(_RUN_TMP))
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nconftest: the tests left these in the temp folder (must remove them): {left}")
+    shutil.rmtree(_RUN_TMP, ignore_errors=True)
 
 
 torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -55,9 +55,9 @@ def test_robot_prompt_reaches_the_length_in_whole_lines():
 
 def test_options_validate():
     with pytest.raises(ValueError, match="steps must be"):
-        BenchOptions(steps=True)
+        BenchOptions(device="cpu", steps=True)
     with pytest.raises(ValueError, match="model must be"):
-        BenchOptions(model="")
+        BenchOptions(device="cpu", model="")
 
 
 def test_registry_is_read_only_and_rejects_unknown_suites(tmp_path):
@@ -65,7 +65,7 @@ def test_registry_is_read_only_and_rejects_unknown_suites(tmp_path):
     with pytest.raises(TypeError):
         SUITES["x"] = None  # type: ignore[index]
     with pytest.raises(ValueError, match=r"available:.*decode"):
-        run_suite("nope", BenchOptions(), tmp_path)
+        run_suite("nope", BenchOptions(device="cpu"), tmp_path)
 
 
 def test_machine_info_has_the_basics():

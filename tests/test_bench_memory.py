@@ -16,8 +16,8 @@ def test_memory_suite_quick(tmp_path, monkeypatch):
     monkeypatch.setattr(memory_suite, "QUICK_REMEMBERED", 20)
     monkeypatch.setattr(memory_suite, "QUICK_QUERIES", 10)
     assert "memory" in SUITES
-    run = run_suite("memory", BenchOptions(model="builtin:tiny", quick=True, steps=1, progress=False),
-                    out_dir=tmp_path)
+    opts = BenchOptions(model="builtin:tiny", device="cpu", quick=True, steps=1, progress=False)
+    run = run_suite("memory", opts, out_dir=tmp_path)
     data = json.loads(run.json_path.read_text())
     assert "| k | fact_tokens |" in run.md_path.read_text()
     assert data["settings"]["ks"] == [1, 10, 50] and data["settings"]["ttft_reps"] == 1
@@ -94,7 +94,7 @@ def test_memory_reencode_repairs_a_damaged_fact(tmp_path, capsys):
     with Session.open(store, model="builtin:tiny", device="cpu", memory={"embedder": None}) as s:
         assert all(s.memory.kv(f) is not None for f in ids)
     # the model is never guessed: a store's facts are for the model you name
-    assert main(["memory", "reencode", str(store)]) == 2     # a usage error
+    assert main(["memory", "reencode", str(store), "--device", "cpu"]) == 2     # a usage error
     assert "--model" in capsys.readouterr().err
 
 

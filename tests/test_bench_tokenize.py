@@ -8,8 +8,8 @@ from capsule.tokenize import all_families, family_names
 
 
 def _run(name: str, tmp_path, steps: int) -> dict:
-    run = run_suite(name, BenchOptions(model="builtin:tiny", quick=True, steps=steps, progress=False),
-                    out_dir=tmp_path)
+    opts = BenchOptions(model="builtin:tiny", device="cpu", quick=True, steps=steps, progress=False)
+    run = run_suite(name, opts, out_dir=tmp_path)
     assert run.md_path.exists()
     return json.loads(run.json_path.read_text())
 

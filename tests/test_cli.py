@@ -103,13 +103,13 @@ def test_a_failing_probe_becomes_a_line_not_a_crash():
 
 
 def test_bench_unknown_suite_lists_suites(capsys):
-    assert main(["bench", "--suite", "nope"]) == 2
+    assert main(["bench", "--suite", "nope", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "unknown bench suite 'nope'" in err and "decode" in err
 
 
 def test_bench_bad_steps_is_a_value_error(capsys):
-    assert main(["bench", "--suite", "decode", "--steps", "0"]) == 1
+    assert main(["bench", "--suite", "decode", "--device", "cpu", "--steps", "0"]) == 1
     assert "steps must be an int >= 1" in capsys.readouterr().err
 
 

@@ -7,7 +7,6 @@ shared and a loaded host can oversleep by milliseconds.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -187,17 +186,22 @@ def test_unbounded_run_grows_and_stops_from_step():
 def test_stop_from_another_thread_real_clock():
     loop = ControlLoop(None, 1000, clock=MonotonicClock())
     result: list[LoopStats] = []
-    th = threading.Thread(target=lambda: result.append(loop.run(lambda tick: None)))
-    t_begin = time.perf_counter()
+    running, ran = threading.Event(), []
+
+    def step(tick: int) -> None:
+        ran.append(tick)
+        if len(ran) == 20:
+            running.set()
+    th = threading.Thread(target=lambda: result.append(loop.run(step)))
     th.start()
-    time.sleep(0.3)
+    assert running.wait(30)            # a hang guard: 20 ms of steps on an idle machine
     loop.stop()
-    th.join(timeout=5)
-    elapsed = time.perf_counter() - t_begin
-    assert not th.is_alive() and result
-    # ~300 steps expected; lenient lower bound because a loaded CI host can stall the thread,
-    # but the loop can never run faster than its rate
-    assert 10 <= result[0].steps <= elapsed * 1000 + 1
+    th.join(timeout=30)
+    assert not th.is_alive() and result and result[0].steps == len(ran) >= 20
+    # the loop can never run faster than its rate: no step started before its deadline
+    t = loop.timings()
+    assert all(a >= s for a, s in zip(t["start_s"], t["scheduled_s"]))
+    assert round(t["scheduled_s"][-1] * 1000) == result[0].steps - 1 + result[0].missed_ticks
 
 
 def test_stop_before_run_returns_immediately():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import threading
 import unicodedata
 
 import pytest
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from capsule.tokenize import (IncrementalTokenizer, family_names, get_family, incremental,
                               load_reference, run_differential)
 from capsule.tokenize.incremental_state import CHUNK_CHARS, CHUNK_IDS
+from capsule.tokenize.shadow import MAX_PENDING
 
 FAMILIES = family_names()
 CONTEXT = "The robot said: it's done, we'll see.\nprint(x)  # ok\n"
@@ -250,13 +251,18 @@ def test_state_validation(refs):
 
 
 class _Broken:
-    """A shadow reference that disagrees with the real one."""
+    """A shadow reference that disagrees with the real one. With `gate`, each check blocks until
+    the gate is set (`entered` says one began; `returned` counts the checks that finished)."""
 
-    def __init__(self, ref, delay=0.0):
-        self._ref, self._delay = ref, delay
+    def __init__(self, ref, gate: threading.Event | None = None):
+        self._ref, self._gate = ref, gate
+        self.entered, self.returned = threading.Event(), 0
 
     def encode(self, text):
-        time.sleep(self._delay)
+        self.entered.set()
+        if self._gate is not None:
+            self._gate.wait(60)   # a hang guard only: the test sets the gate
+        self.returned += 1
         return self._ref.encode(text) + [0]
 
 
@@ -281,13 +287,19 @@ def test_shadow_mismatch_switches_to_full_mode(refs, family, caplog):
 
 def test_shadow_never_blocks_and_is_deterministic(refs):
     ref = refs["cl100k_base"]
-    tok = IncrementalTokenizer(ref, shadow_rate=1.0, shadow_reference=_Broken(ref, delay=0.5))
-    t0 = time.perf_counter()
+    gate = threading.Event()
+    shadow = _Broken(ref, gate)
+    tok = IncrementalTokenizer(ref, shadow_rate=1.0, shadow_reference=shadow)
     for part in ["a", " b", " c", " d", " e", " f", " g", " h"]:
         tok.append(part)
-    assert time.perf_counter() - t0 < 0.4
+    # every append returned while the first check is still inside the (blocked) reference
+    assert shadow.entered.wait(20) and shadow.returned == 0
+    s = tok.stats
+    assert s["shadow_sampled"] > MAX_PENDING   # a full queue drops the rest: submitting never waits
+    assert s["shadow_dropped"] == s["shadow_sampled"] - MAX_PENDING
+    gate.set()
     assert tok.flush_shadow(timeout=20)
-    assert tok.stats["shadow_dropped"] > 0 and tok.ids == ref.encode(tok.text)
+    assert shadow.returned == MAX_PENDING and tok.ids == ref.encode(tok.text)
     counts = []
     for _ in range(2):
         t = IncrementalTokenizer(ref, shadow_rate=0.3, seed=7)

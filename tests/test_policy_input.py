@@ -92,14 +92,14 @@ def test_a_refused_observation_leaves_the_episode_as_if_it_never_came(engine):
 
 def test_session_gru_capsule_never_captures_a_nan_hidden_state(tmp_path):
     path = tmp_path / "s"
-    with Session.open(path, model=None, policy="builtin:gru") as s:
+    with Session.open(path, device="cpu", model=None, policy="builtin:gru") as s:
         for i in range(3):
             s.act(_obs(i))
         with pytest.raises(ValueError, match="index 2"):
             s.act({"observation.state": _bad(3, 2, np.inf)})
         s.checkpoint()
         expect = s.act(_obs(3))
-    with Session.open(path, model=None, policy="builtin:gru") as s:
+    with Session.open(path, device="cpu", model=None, policy="builtin:gru") as s:
         assert torch.isfinite(s.registry["policy.hidden"].tensor).all()
         np.testing.assert_array_equal(s.act(_obs(3)), expect)
 
@@ -127,7 +127,7 @@ def test_chunk_queue_does_not_move_on_a_refused_observation(engine):
     ({None: 0}, ["missing", "[None]", "keys must be str"]),
 ])
 def test_non_str_keys_are_a_value_error_listing_the_allowed_keys(obs, words, tmp_path):
-    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:gru") as s:
         with pytest.raises(ValueError) as info:
             s.act(obs)
         for w in words:

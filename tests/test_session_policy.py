@@ -21,7 +21,7 @@ def _obs(i: int) -> dict:
 def test_chunked_policy_serves_its_queue_in_order(tmp_path):
     ref = load_policy("builtin:mlp-chunk")
     chunk0, chunk1 = ref.step(_obs(0)), ref.step(_obs(4))          # (4, 6) each
-    with Session.open(tmp_path / "s", model=None, policy="builtin:mlp-chunk") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:mlp-chunk") as s:
         got = [s.act(_obs(i)) for i in range(8)]   # observations 1-3, 5-7 are not used
     assert np.array_equal(np.stack(got[:4]), chunk0)
     assert np.array_equal(np.stack(got[4:]), chunk1)
@@ -37,7 +37,7 @@ def test_recurrent_actions_equal_a_hand_threaded_onnxruntime_run(tmp_path):
                                   {"observation.state": _obs(i)["observation.state"][None],
                                    "hidden_in": hidden})
         expect.append(action[0])
-    with Session.open(tmp_path / "s", model=None, policy=str(path)) as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy=str(path)) as s:
         got = [s.act(_obs(i)) for i in range(20)]
     np.testing.assert_allclose(np.stack(got), np.stack(expect), atol=1e-6, rtol=0)
     assert not np.allclose(got[0], got[1])   # the state really moves
@@ -46,7 +46,7 @@ def test_recurrent_actions_equal_a_hand_threaded_onnxruntime_run(tmp_path):
 @pytest.mark.parametrize("policy", ["builtin:gru", "builtin:mlp-chunk"])
 def test_capsule_mid_episode_continues_in_a_fresh_process(tmp_path, policy):
     path = tmp_path / "s"
-    with Session.open(path, model=None, policy=policy) as s:
+    with Session.open(path, device="cpu", model=None, policy=policy) as s:
         for i in range(5):                    # mid-chunk: 3 actions still queued
             s.act(_obs(i))
         s.checkpoint()
@@ -57,7 +57,7 @@ def test_capsule_mid_episode_continues_in_a_fresh_process(tmp_path, policy):
         def obs(i):
             rng = np.random.default_rng(i)
             return {{"observation.state": rng.standard_normal(14).astype(np.float32)}}
-        with Session.open({str(path)!r}, model=None, policy={policy!r}) as s:
+        with Session.open({str(path)!r}, device="cpu", model=None, policy={policy!r}) as s:
             assert s.restored_epoch is not None
             np.save({str(tmp_path / "got.npy")!r}, np.stack([s.act(obs(i)) for i in range(5, 12)]))
     """)
@@ -67,7 +67,7 @@ def test_capsule_mid_episode_continues_in_a_fresh_process(tmp_path, policy):
 
 
 def test_reset_and_episode_start_fresh(tmp_path):
-    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:gru") as s:
         first = s.act(_obs(0))
         s.act(_obs(1))
         s.reset()
@@ -78,60 +78,55 @@ def test_reset_and_episode_start_fresh(tmp_path):
 
 
 def test_restore_into_another_policy_is_refused(tmp_path):
-    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:gru") as s:
         s.act(_obs(0))
         s.checkpoint()
     with pytest.raises(CapsuleMismatch):
-        Session.open(tmp_path / "s", model=None, policy="builtin:mlp")
+        Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:mlp")
 
 
 def test_policy_errors(tmp_path):
-    with Session.open(tmp_path / "s", model=None, policy="builtin:mlp") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:mlp") as s:
         with pytest.raises(ValueError, match="observation.state"):
             s.act({"observation.state": np.zeros(3, dtype=np.float32)})
         with pytest.raises(ValueError, match="observation.state"):
             s.act({})
-    with Session.open(tmp_path / "t", model=None) as s:
+    with Session.open(tmp_path / "t", device="cpu", model=None) as s:
         with pytest.raises(ValueError, match="no policy"):
             s.act(_obs(0))
 
 
 def test_act_does_not_wait_for_an_llm_call_on_another_thread(tmp_path):
     import threading
-    with Session.open(tmp_path / "s", model="builtin:tiny", policy="builtin:mlp",
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", policy="builtin:mlp",
                       runtime={"kv_pool_mb": 8}) as s:
-        held, release = threading.Event(), threading.Event()
-
-        def slow_append(*args, **kw):   # a long LLM call: Session.append holds the LLM lock
-            held.set()
-            release.wait(10)
-            del s.engine.append
-        s.engine.append = slow_append
-        t = threading.Thread(target=s.append, args=("hello",))
-        t.start()
-        held.wait(5)
+        release, t, left = _hold_llm(s)
+        acted: list[bool] = []         # was the LLM call still holding its lock when act returned?
         done = threading.Event()
-        threading.Thread(target=lambda: (s.act(_obs(0)), done.set())).start()
-        assert done.wait(5), "act blocked behind the LLM lock"
+        threading.Thread(target=lambda: (s.act(_obs(0)), acted.append(not left.is_set()), done.set())).start()
+        assert done.wait(120) and acted == [True], "act waited for the LLM lock"
+        cut: list[bool] = []           # had the LLM call ended when the capsule was taken?
         ckpt = threading.Event()
-        threading.Thread(target=lambda: (s.checkpoint(wait=False), ckpt.set())).start()
-        assert not ckpt.wait(0.3)          # a capsule waits for the LLM call (a consistent cut)
+        threading.Thread(target=lambda: (s.checkpoint(wait=False), cut.append(left.is_set()),
+                                         ckpt.set())).start()
+        ckpt.wait(0.3)                 # time for a capsule that did not wait to show it: not a deadline
         release.set()
         t.join()
-        assert ckpt.wait(10)
+        assert ckpt.wait(10) and cut == [True]   # a capsule waits for the LLM call (a consistent cut)
 
 
 def test_an_out_of_range_queue_cursor_is_never_restored(tmp_path, monkeypatch):
     from capsule.policy.actor import Actor
     path = tmp_path / "s"
-    with Session.open(path, model=None, policy="builtin:mlp-chunk") as s:
+    with Session.open(path, device="cpu", model=None, policy="builtin:mlp-chunk") as s:
         s.act(_obs(0))
         good = s.checkpoint()
         s.act(_obs(1))
         monkeypatch.setattr(Actor, "state", lambda self: {"queued": 99, "served": 1})
         s.checkpoint()   # checksummed like any capsule, but its cursor is out of range
     monkeypatch.undo()
-    with Session.open(path, model=None, policy="builtin:mlp-chunk") as s:   # skipped, said, never installed
+    # the newest capsule is skipped, said, never installed
+    with Session.open(path, device="cpu", model=None, policy="builtin:mlp-chunk") as s:
         assert s.restored_epoch == good and any("cursor" in line for line in s.restore_report)
         ref = load_policy("builtin:mlp-chunk").step(_obs(0))
         assert np.array_equal(s.act(_obs(5)), ref[1])   # the good capsule's queue continues
@@ -140,35 +135,35 @@ def test_an_out_of_range_queue_cursor_is_never_restored(tmp_path, monkeypatch):
 
 
 def _hold_llm(s):
-    """A thread inside an LLM call (as a long generate would be) until the returned event is set."""
+    """A thread inside an LLM call (as a long generate would be) until `release` is set; `left` is
+    set inside the call as it ends, so while it is unset the LLM lock is provably held."""
     import threading
-    held, release = threading.Event(), threading.Event()
+    held, release, left = threading.Event(), threading.Event(), threading.Event()
 
     def slow_append(*args, **kw):   # Session.append holds the LLM lock while this runs
         held.set()
-        release.wait(10)
+        release.wait(60)          # a hang guard only: the tests set `release`
         del s.engine.append       # the Engine's own append shows through again
+        left.set()
     s.engine.append = slow_append
     t = threading.Thread(target=s.append, args=("hello",))
     t.start()
-    assert held.wait(5)
-    return release, t
+    assert held.wait(10)
+    return release, t, left
 
 
 def test_a_deferred_capsule_never_waits_and_is_taken_when_the_llm_call_ends(tmp_path):
-    import time
     from capsule.control import ControlLoop, FakeClock
-    with Session.open(tmp_path / "s", model="builtin:tiny", policy="builtin:gru",
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", policy="builtin:gru",
                       runtime={"kv_pool_mb": 8}) as s:
         assert isinstance(s.checkpoint(wait=False, defer=True), int)   # LLM idle: taken now
         s.flush()
         n0 = len(s.epochs())
-        release, t = _hold_llm(s)
-        t0 = time.perf_counter()
+        release, t, left = _hold_llm(s)
         assert s.checkpoint(wait=False, defer=True) is None
         loop = ControlLoop(s, hz=100, checkpoint_every=1, clock=FakeClock())
-        stats = loop.run(lambda k: s.act(_obs(k)), steps=5)   # never blocks on the held lock
-        assert time.perf_counter() - t0 < 2 and stats.checkpoints == 5
+        stats = loop.run(lambda k: s.act(_obs(k)), steps=5)
+        assert not left.is_set() and stats.checkpoints == 5   # all done while the LLM lock is held
         release.set()
         t.join()
         s.flush()
@@ -178,8 +173,8 @@ def test_a_deferred_capsule_never_waits_and_is_taken_when_the_llm_call_ends(tmp_
 
 
 def test_a_deferred_capsule_error_surfaces_at_the_next_checkpoint(tmp_path, monkeypatch):
-    with Session.open(tmp_path / "s", model="builtin:tiny", runtime={"kv_pool_mb": 8}) as s:
-        release, t = _hold_llm(s)
+    with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime={"kv_pool_mb": 8}) as s:
+        release, t, _ = _hold_llm(s)
         assert s.checkpoint(wait=False, defer=True) is None
 
         def boom(host, *, wait, name):
@@ -200,7 +195,7 @@ def test_control_loop_continue_survives_a_failed_background_write(tmp_path):
     import time
     from capsule.control import ControlLoop, FakeClock
     from capsule.store.errors import StoreIOError
-    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:gru") as s:
         real_stage, real_discard = s.store.stage_epoch, s.store.discard_staged
         armed, failed = threading.Event(), threading.Event()
 
@@ -231,5 +226,5 @@ def test_control_loop_continue_survives_a_failed_background_write(tmp_path):
         assert st.checkpoint_failures == 1 and "were not committed" in st.last_checkpoint_error
         s.flush()                                  # nothing pending: the failure was reported in the run
         expect = s.act(_obs(40))
-    with Session.open(tmp_path / "s", model=None, policy="builtin:gru") as s:   # the last capsule
+    with Session.open(tmp_path / "s", device="cpu", model=None, policy="builtin:gru") as s:   # the last capsule
         np.testing.assert_array_equal(s.act(_obs(40)), expect)                   # (after tick 39) holds

@@ -8,33 +8,14 @@ import shutil
 
 import pytest
 
-from capsule import CapsuleCorrupt, Session
+from capsule import Session
 from capsule.cli import main
 from capsule.state.manifest import MAX_MANIFEST_BYTES
-from capsule.store import Store
+from forged_epochs import assert_skipped_by_name, forge, two_epochs
 
 RT = {"kv_pool_mb": 8, "max_context": 1024}
 TEXT = "user: the charger is in bay 2; bring the red cup.\n" * 6
 DEEP = "[" * 200_000 + "]" * 200_000
-
-
-def _two_epochs(path) -> list[int]:
-    with Session.open(path, device="cpu", runtime=RT) as s:
-        s.append(TEXT)
-        s.generate(3)
-        s.checkpoint()
-        s.generate(5)
-        s.checkpoint()
-        return s.tokens()
-
-
-def _forge(path, edit, pages=()) -> int:
-    """A checksum-valid new epoch: edit(epoch 2's manifest as a dict) -> dict or raw bytes."""
-    with Store.open(path, create=False) as store:
-        manifest, _ = store.load_epoch(2)
-        data = edit(json.loads(manifest))
-        raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-        return store.write_epoch(list(pages), raw).id
 
 
 def _set(path: str, value):
@@ -64,6 +45,7 @@ HOSTILE = {
     "not-json": (lambda m: b"\xff\xfe not json", "UTF-8"),
     "truncated-json": (lambda m: json.dumps(m).encode()[:-7], "not valid JSON"),
     "top-level-list": (lambda m: [m], "manifest"),
+    "nul-not-json": (lambda m: b"\x00 not json at all", "not valid JSON"),
     "no-host": (lambda m: {"binding": m["binding"], "blobs": m["blobs"]}, "'host'"),
     "host-a-str": (_set("host", "streams"), "host"),
     "streams-not-a-list": (_set("host.streams", {"not": "a list"}), "host.streams"),
@@ -84,8 +66,10 @@ HOSTILE = {
                    "blobs"),
     "binding-not-an-object": (_set("binding", "abc"), "binding"),
     "binding-model-an-int": (_set("binding.model", 5), "binding.model"),
+    "binding-unknown-key": (_set("binding.extra", 1), "binding"),
     "labels-bad": (_set("binding.labels", {"layout": {"max_context": {"x": 1}}}), "binding.labels.layout"),
     "unknown-format-version": (_set("binding.format_version", 99), "binding.format_version"),
+    "an-older-format-version": (_set("binding.format_version", 2), "binding.format_version"),
     "manifest-too-big": (_set("host.app_state", {"log": "x" * (MAX_MANIFEST_BYTES + 10)}), "bytes"),
 }
 
@@ -93,30 +77,22 @@ HOSTILE = {
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     path = tmp_path_factory.mktemp("pristine") / "s"
-    return path, _two_epochs(path)
+    return path, two_epochs(path, TEXT, RT)[1]
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_a_hostile_newest_manifest_is_skipped_by_name(tmp_path, pristine, case):
+def test_a_hostile_newest_manifest_is_skipped_by_name(tmp_path, pristine, case, caplog):
     edit, field = HOSTILE[case]
     path = tmp_path / "s"
     shutil.copytree(pristine[0], path)
-    bad = _forge(path, edit)
-    with Session.open(path, device="cpu", runtime=RT) as s:
-        assert s.restored_epoch == 2 and s.tokens() == pristine[1]
-        [report] = s.restore_report
-        assert report.startswith(f"epoch {bad}:") and field in report, report
-        with pytest.raises(CapsuleCorrupt, match=f"epoch {bad}") as err:    # and rollback says so too
-            s.rollback(bad)
-        assert field in str(err.value)
-        assert s.tokens() == pristine[1]
+    assert_skipped_by_name(path, RT, pristine[1], forge(path, edit), field, caplog)
 
 
 def test_inspect_and_verify_give_one_line_per_bad_epoch_and_go_on(tmp_path, capsys):
     path = tmp_path / "s"
-    _two_epochs(path)
-    deep = _forge(path, HOSTILE["deep-nesting"][0])
-    bad_entry = _forge(path, _set("host.streams", [1, "two"]))
+    two_epochs(path, TEXT, RT)
+    deep = forge(path, HOSTILE["deep-nesting"][0])
+    bad_entry = forge(path, _set("host.streams", [1, "two"]))
     assert main(["inspect", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
@@ -132,7 +108,7 @@ def test_inspect_and_verify_give_one_line_per_bad_epoch_and_go_on(tmp_path, caps
 
 def test_inspect_shows_the_names_a_person_recognises(tmp_path, capsys):
     path = tmp_path / "s"
-    _two_epochs(path)
+    two_epochs(path, TEXT, RT)
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "model name: builtin:tiny" in out and "tokenizer name: cl100k_base" in out
@@ -141,9 +117,9 @@ def test_inspect_shows_the_names_a_person_recognises(tmp_path, capsys):
 
 def test_an_oversized_page_record_is_refused_before_it_is_read(tmp_path):
     path = tmp_path / "s"
-    tokens = _two_epochs(path)
+    tokens = two_epochs(path, TEXT, RT)[1]
     # a 4 MiB host page: no page of this layout is above a KV block (a few KiB here)
-    bad = _forge(path, lambda m: m, pages=[("host/ids/main", 0, bytes(4 << 20))])
+    bad = forge(path, lambda m: m, pages=[("host/ids/main", 0, bytes(4 << 20))])
     with Session.open(path, device="cpu", runtime=RT) as s:
         most = s.checkpointer.snap.max_page_bytes()
         assert most < 1 << 20

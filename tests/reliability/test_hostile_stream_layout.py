@@ -13,27 +13,10 @@ from capsule import CapsuleCorrupt, Session
 from capsule.state.manifest import UnsupportedHostFormat
 from capsule.store import Store
 from capsule.tokenize import load_reference
+from forged_epochs import assert_skipped_by_name, forge, two_epochs
 
 RT = {"kv_pool_mb": 8, "max_context": 2048}
 LINE = "t=00412 joint3=-1.250 user: move the red cup to bin 7 (120 mm)\n"
-
-
-def _two_epochs(path) -> list[int]:
-    with Session.open(path, device="cpu", runtime=RT) as s:
-        s.append(LINE * 70)            # > 4096 chars and > 1024 ids: one chunk of each
-        s.generate(3)
-        s.checkpoint()
-        s.generate(5)                  # epoch 2 holds 8 generated ids
-        s.checkpoint()
-        return s.tokens()
-
-
-def _forge(path, edit, pages=()) -> int:
-    with Store.open(path, create=False) as store:
-        manifest, _ = store.load_epoch(2)
-        m = json.loads(manifest)
-        edit(m)
-        return store.write_epoch(list(pages), json.dumps(m).encode()).id
 
 
 def _entry(key, value):
@@ -91,24 +74,16 @@ HOSTILE = {
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     path = tmp_path_factory.mktemp("layout") / "s"
-    return path, _two_epochs(path)
+    return path, two_epochs(path, LINE * 70, RT)[1]   # > 4096 chars and > 1024 ids: one chunk of each
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_a_hostile_stream_layout_is_refused_by_name(tmp_path, pristine, case):
+def test_a_hostile_stream_layout_is_refused_by_name(tmp_path, pristine, case, caplog):
     edit, field = HOSTILE[case]
     path = tmp_path / "s"
     shutil.copytree(pristine[0], path)
-    bad = _forge(path, edit)
-    with Session.open(path, device="cpu", runtime=RT) as s:
-        assert s.restored_epoch == 2 and s.tokens() == pristine[1]
-        [report] = s.restore_report
-        assert report.startswith(f"epoch {bad}:") and field in report, report
-        with pytest.raises(CapsuleCorrupt, match=f"epoch {bad}") as err:
-            s.rollback(bad)
-        assert field in str(err.value)
-        assert isinstance(err.value, UnsupportedHostFormat) == case.startswith("format")
-        assert s.tokens() == pristine[1]
+    err = assert_skipped_by_name(path, RT, pristine[1], forge(path, edit, in_place=True), field, caplog)
+    assert isinstance(err, UnsupportedHostFormat) == case.startswith("format")
 
 
 def test_an_older_sdk_store_is_refused_saying_so(tmp_path, pristine):
@@ -139,7 +114,7 @@ def test_an_id_outside_the_vocabulary_is_refused(tmp_path, pristine):
     path = tmp_path / "s"
     shutil.copytree(pristine[0], path)
     page = _ids_page(path)
-    bad = _forge(path, lambda m: None, pages=[("host/ids/main", 0, page[:-4] + b"\xf0\xff\xff\xff")])
+    bad = forge(path, lambda m: m, pages=[("host/ids/main", 0, page[:-4] + b"\xf0\xff\xff\xff")])
     with Session.open(path, device="cpu", runtime=RT) as s:
         assert s.restored_epoch == 2
         assert f"epoch {bad}" in s.restore_report[0] and "vocabulary" in s.restore_report[0]
@@ -149,7 +124,7 @@ def test_a_wrong_id_inside_the_vocabulary_is_repaired_by_the_next_append(tmp_pat
     path = tmp_path / "s"
     shutil.copytree(pristine[0], path)
     page = _ids_page(path)
-    bad = _forge(path, lambda m: None, pages=[("host/ids/main", 0, page[:-4] + (7).to_bytes(4, "little"))])
+    bad = forge(path, lambda m: m, pages=[("host/ids/main", 0, page[:-4] + (7).to_bytes(4, "little"))])
     with Session.open(path, device="cpu", runtime=RT) as s:
         assert s.restored_epoch == bad               # its checks pass; the tail is re-checked later
         s.append(" and on")

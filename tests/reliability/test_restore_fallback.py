@@ -6,7 +6,6 @@ closed Session's folder, write_epoch with an edited copy of a real manifest).
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 
 import numpy as np
@@ -15,48 +14,11 @@ import torch
 
 from capsule import CapsuleCorrupt, CapsuleMismatch, Session
 from capsule.store import Store
+from forged_epochs import forge, two_epochs
 from hf_checkpoints import make_checkpoint
 
 RT = {"kv_pool_mb": 8, "max_context": 1024}
 TEXT = "user: the charger is in bay 2; bring the red cup.\n" * 6
-
-
-def _forge(path, edit) -> int:
-    """A checksum-valid epoch whose manifest is edit(newest manifest); returns its id."""
-    with Store.open(path, create=False) as store:
-        manifest, _ = store.load_epoch(store.latest_epoch())
-        data = edit(json.loads(manifest))
-        return store.write_epoch([], data if isinstance(data, bytes) else json.dumps(data).encode()).id
-
-
-def _two_epochs(path, **kw) -> tuple[list[int], list[int]]:
-    with Session.open(path, device="cpu", runtime=RT, **kw) as s:
-        s.append(TEXT)
-        s.generate(3)
-        s.checkpoint()
-        first = s.tokens()
-        s.generate(5)
-        s.checkpoint()
-        return first, s.tokens()
-
-
-@pytest.mark.parametrize("edit, field", [
-    (lambda m: b"\x00 not json at all", "not valid JSON"),
-    (lambda m: {**m, "binding": {**m["binding"], "format_version": 2}}, "binding.format_version"),
-    (lambda m: {**m, "binding": {**m["binding"], "extra": 1}}, "binding"),
-    (lambda m: [m], "manifest"),
-])
-def test_an_unreadable_newest_epoch_falls_back_with_a_report_and_a_warning(tmp_path, caplog, edit, field):
-    path = tmp_path / "s"
-    _, second = _two_epochs(path)
-    bad = _forge(path, edit)
-    with caplog.at_level(logging.WARNING, logger="capsule"):
-        with Session.open(path, device="cpu", runtime=RT) as s:
-            assert s.restored_epoch == 2 and s.tokens() == second
-            assert len(s.restore_report) == 1
-            assert s.restore_report[0].startswith(f"epoch {bad}:") and field in s.restore_report[0]
-    warned = [r.getMessage() for r in caplog.records if r.name == "capsule" and r.levelno == logging.WARNING]
-    assert any("restored epoch 2" in w and f"epoch {bad}:" in w and field in w for w in warned), warned
 
 
 def test_no_valid_epoch_at_all_is_corrupt_listing_each(tmp_path):
@@ -131,7 +93,7 @@ def test_a_failed_rollback_changes_nothing(tmp_path, policy, edit):
     def hostile(m):
         edit(m)
         return json.dumps(m).encode()   # allow_nan: a checksum-valid capsule with NaN in it
-    bad = _forge(path, hostile)
+    bad = forge(path, hostile, of=None)
     twin = tmp_path / "twin"
     shutil.copytree(path, twin)
     runs = []
@@ -228,25 +190,27 @@ def test_identical_weights_in_another_folder_still_match(tmp_path, model_b):
 
 def test_a_layout_mismatch_names_the_settings(tmp_path):
     path = tmp_path / "s"
-    _two_epochs(path)
+    two_epochs(path, TEXT, RT)
     with pytest.raises(CapsuleMismatch) as err:
         Session.open(path, device="cpu", runtime={"kv_pool_mb": 4, "max_context": 512})
     msg = str(err.value)
     assert "max_context=1024" in msg and "max_context=512" in msg
     assert "kv_pool_mb=8" in msg and "kv_pool_mb=4" in msg and "kv_blocks=" in msg
     assert "block_size" not in msg                    # only the settings that differ
+    with pytest.raises(CapsuleMismatch, match="layout: capsule block_size=16, .* session block_size=32"):
+        Session.open(path, device="cpu", runtime={**RT, "block_size": 32})
     with pytest.raises(CapsuleMismatch, match="dtype: capsule 'float32' != session 'bfloat16'"):
         Session.open(path, device="cpu", runtime={**RT, "dtype": "bfloat16"})
 
 
 def test_a_manifest_from_before_labels_still_restores_and_mismatches_readably(tmp_path):
     path = tmp_path / "s"
-    _, second = _two_epochs(path)
+    _, second = two_epochs(path, TEXT, RT)
 
     def unlabelled(m):
         m["binding"].pop("labels")
         return m
-    old = _forge(path, unlabelled)
+    old = forge(path, unlabelled, of=None)
     with Session.open(path, device="cpu", runtime=RT) as s:
         assert s.restored_epoch == old and s.tokens() == second and s.restore_report == []
     with pytest.raises(CapsuleMismatch, match="not recorded") as err:
