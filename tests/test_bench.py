@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from capsule.bench import SUITES, BenchOptions, run_suite
-from capsule.bench.decode import robot_prompt
-from capsule.bench.report import format_table, machine_info
-from capsule.bench.timing import percentile, step_probe
+from capsule.tools.bench import SUITES, BenchOptions, run_suite
+from capsule.tools.bench.decode import robot_prompt
+from capsule.tools.bench.report import format_table, machine_info
+from capsule.tools.bench.timing import percentile, step_probe
 from capsule.tokenize import load_reference
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from capsule.bench import SUITES, BenchOptions, run_suite
+from capsule.tools.bench import SUITES, BenchOptions, run_suite
 
 pytestmark = pytest.mark.slow
 STEPS = 10

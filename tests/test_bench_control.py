@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from capsule.bench import SUITES, BenchOptions, run_suite
-from capsule.bench.control import _attribute
+from capsule.tools.bench import SUITES, BenchOptions, run_suite
+from capsule.tools.bench.control import _attribute
 from capsule.control import ControlLoop, FakeClock
 
 

@@ -2,8 +2,8 @@
 counted, so that part is exact; the latencies are reported, never asserted)."""
 from __future__ import annotations
 
-from capsule.bench import BenchOptions
-from capsule.bench.decode_append import APPEND_CHARS, append_text, measure
+from capsule.tools.bench import BenchOptions
+from capsule.tools.bench.decode_append import APPEND_CHARS, append_text, measure
 
 
 def test_append_line_rows_and_the_checkpoint_byte_bound():

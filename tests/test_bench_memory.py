@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import math
 
-import capsule.bench.memory as memory_suite
+import capsule.tools.bench.memory as memory_suite
 from capsule import Session
-from capsule.bench import SUITES, BenchOptions, run_suite
+from capsule.tools.bench import SUITES, BenchOptions, run_suite
 from capsule.cli import main
 
 

@@ -1,8 +1,8 @@
 """The decode suite's sampling line: greedy and sampled steps at batch 4, measured together."""
 from __future__ import annotations
 
-from capsule.bench import BenchOptions
-from capsule.bench.decode_sampling import MODES, measure, report
+from capsule.tools.bench import BenchOptions
+from capsule.tools.bench.decode_sampling import MODES, measure, report
 
 
 def test_sampling_line_measures_both_modes_at_batch_4():

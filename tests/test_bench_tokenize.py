@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from capsule.bench import SUITES, BenchOptions, run_suite
+from capsule.tools.bench import SUITES, BenchOptions, run_suite
 from capsule.tokenize import all_families, family_names
 
 
@@ -47,7 +47,7 @@ def test_tokenize_diff_suite(tmp_path):
 
 
 def test_tokenize_bpe_suite(tmp_path, monkeypatch):
-    from capsule.bench import tokenize_bpe
+    from capsule.tools.bench import tokenize_bpe
     monkeypatch.setattr(tokenize_bpe, "QUICK_CHARS", 20_000)
     data = _run("tokenize-bpe", tmp_path, steps=1)
     runs = data["results"]["runs"]

@@ -1,6 +1,6 @@
 """The package's rooms (DESIGN.md, "Layout"): who may import whom, read from the source with `ast`.
 
-DESIGN's dependency rule, top to bottom: cli -> control, bench -> session -> memory, policy -> llm
+DESIGN's dependency rule, top to bottom: cli -> control, bench (under tools/) -> session -> memory, policy -> llm
 -> state -> tokenize, store -> edge_kernels, devices, errors. A lower room never imports a
 higher one. Imports are read statically (module level, inside functions, under TYPE_CHECKING);
 an `importlib.import_module` string is not seen, so keep those inside one room.
@@ -21,12 +21,13 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SDK = REPO / "sdk"
 
-# Highest room first; rooms on one level do not import each other. The bench sits above
-# control (its control suite drives a ControlLoop), the package root (it re-exports Session
-# and ControlLoop) below the command line's rooms and above the runtime's.
+# Highest room first; rooms on one level do not import each other. The tools (demo, doctor,
+# store report, repair and the bench suites under tools/bench) sit above control (the control
+# suite drives a ControlLoop); the package root (it re-exports Session and ControlLoop) below
+# the command line's rooms and above the runtime's.
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("cli",),
-    ("tools", "bench"),      # the modules only the command line runs; the benchmark suites
+    ("tools",),              # the modules only the command line runs, the benchmark suites included
     ("capsule",),            # the package root
     ("control",),
     ("session",),            # session.py, session_*.py, assembly.py: the composition of the parts
@@ -127,7 +128,7 @@ def test_import_capsule_loads_no_tool_no_bench_no_tqdm():
         "    return real(name, globals, *args, **kw)\n"
         "builtins.__import__ = spy\n"
         "import capsule\n"
-        "print([m for m in sys.modules if m.split('.')[:2] in (['capsule', 'bench'], ['capsule', 'tools'])])\n"
+        "print([m for m in sys.modules if m.split('.')[:2] == ['capsule', 'tools']])\n"
         "print(sorted({a for a in asked if a.split('.')[0] == 'capsule'}))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(SDK)]))
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
@@ -180,10 +181,11 @@ def test_no_room_imports_a_higher_room():
 
 
 def test_only_the_cli_reaches_the_tools_and_the_bench():
+    assert (SDK / "capsule" / "tools" / "bench" / "__init__.py").is_file()
+    assert not (SDK / "capsule" / "bench").exists(), "the bench suites live under capsule/tools/bench"
     outside = sorted({f"{i.source} imports {i.target}" for i in capsule_imports()
-                      if room(i.target) in ("tools", "bench") and room(i.source) not in ("cli", "tools", "bench")})
+                      if room(i.target) == "tools" and room(i.source) not in ("cli", "tools")})
     assert not outside, "the runtime must not import CLI-only or bench modules:\n" + "\n".join(outside)
-    assert not [i for i in capsule_imports() if room(i.source) == "bench" and room(i.target) == "tools"]
 
 
 def test_the_store_knows_nothing_of_models():

@@ -1,6 +1,6 @@
 """`capsule` command line: demo | doctor | bench | memory | inspect | verify | repair. Parsing and dispatch only.
 
-Each command imports what it runs (capsule.tools.*, capsule.bench) inside itself, so `capsule --version`
+Each command imports what it runs (capsule.tools.*) inside itself, so `capsule --version`
 and `import capsule.cli` load none of them.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import SUITES, BenchOptions, run_suite
-    from .bench.report import format_table
+    from .tools.bench import SUITES, BenchOptions, run_suite
+    from .tools.bench.report import format_table
 
     if args.suite not in SUITES:
         print(f"error: unknown bench suite {args.suite!r}; available: {', '.join(sorted(SUITES))}",

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from capsule.bench import reliability_harness as H
+from capsule.tools.bench import reliability_harness as H
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ signed and unsigned stores (forged records, swapped records, index rows repointe
 """
 from __future__ import annotations
 
-from capsule.bench import reliability_hostile as X
-from capsule.bench.reliability_concurrency import run_concurrency
+from capsule.tools.bench import reliability_hostile as X
+from capsule.tools.bench.reliability_concurrency import run_concurrency
 
 
 def test_readers_beside_a_writer(work):

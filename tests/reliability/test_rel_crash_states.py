@@ -9,7 +9,7 @@ oracle against what was acknowledged at that moment. States of the first open ar
 """
 from __future__ import annotations
 
-from capsule.bench import reliability_crash as C
+from capsule.tools.bench import reliability_crash as C
 
 
 def test_every_crash_state_of_a_small_workload_recovers(work):

@@ -11,7 +11,7 @@ import errno
 
 import pytest
 
-from capsule.bench import reliability_faults as F
+from capsule.tools.bench import reliability_faults as F
 
 
 def test_enospc_and_eio_at_every_call_index(work):

@@ -7,7 +7,7 @@ segment byte was deleted or changed. Never an older epoch, nothing restored, a w
 untyped exception, or fewer segment bytes (quarantine/ included) than were committed; after a
 recovery the store takes a new epoch. A failure lists each cause with a recipe (image, seed,
 trial, damage kind / file / offsets, the damaged input kept before the open, and a replay
-command: python -m capsule.bench.reliability_damage index SEED TRIAL [--signed] [--clean]).
+command: python -m capsule.tools.bench.reliability_damage index SEED TRIAL [--signed] [--clean]).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
-from capsule.bench import reliability_damage as D
-from capsule.bench import reliability_harness as H
+from capsule.tools.bench import reliability_damage as D
+from capsule.tools.bench import reliability_harness as H
 
 
 def test_random_index_damage_restores_the_newest_epoch_or_refuses_typed(work):

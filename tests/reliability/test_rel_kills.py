@@ -7,13 +7,13 @@ with wait=True and wait=False. Each kill is followed by: reopen never raises; ev
 epoch retention would keep is there; the newest is >= the newest acknowledged; every epoch is
 bit-exact; acknowledged facts exact, acknowledged forgets stay forgotten; the store takes a write.
 
-The harness is capsule.bench.reliability_* (the same code as `capsule bench --suite reliability`).
+The harness is capsule.tools.bench.reliability_* (the same code as `capsule bench --suite reliability`).
 A failure message groups the failing kills by cause with one recipe each (chain seed, life,
 kill delay, the call the kill landed in, the newest acknowledged epoch, the store folder).
 """
 from __future__ import annotations
 
-from capsule.bench import reliability_kills as K
+from capsule.tools.bench import reliability_kills as K
 
 
 def test_store_writers_survive_sigkill(tmp_path):

@@ -7,7 +7,7 @@ Session.restore_report);
 CapsuleCorrupt only when no epoch is intact on disk (an independent scanner written from
 docs/FORMAT.md says which are). Never silently wrong, silently empty, or untyped. A failure lists
 each cause with a recipe and a replay command
-(python -m capsule.bench.reliability_damage segments SEED TRIAL [--signed] [--clean]).
+(python -m capsule.tools.bench.reliability_damage segments SEED TRIAL [--signed] [--clean]).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import shutil
 
 import pytest
 
-from capsule.bench import reliability_damage as D
-from capsule.bench import reliability_harness as H
-from capsule.bench import reliability_scan as S
-from capsule.bench.reliability_hostile import record_headers
-from capsule.bench.reliability_session import run_session_damage
+from capsule.tools.bench import reliability_damage as D
+from capsule.tools.bench import reliability_harness as H
+from capsule.tools.bench import reliability_scan as S
+from capsule.tools.bench.reliability_hostile import record_headers
+from capsule.tools.bench.reliability_session import run_session_damage
 
 
 def test_random_segment_damage_is_never_silent(work):

@@ -16,9 +16,9 @@ import torch
 
 from edge_kernels.bpe import merge_packed, pack_pieces
 
-from ..tokenize.reference import load_reference
-from ..tokenize.registry import family_names
-from ..tokenize.tensor_bpe import TensorBpe
+from ...tokenize.reference import load_reference
+from ...tokenize.registry import family_names
+from ...tokenize.tensor_bpe import TensorBpe
 from . import BenchOptions, SuiteResult
 from .tokenize import real_text
 

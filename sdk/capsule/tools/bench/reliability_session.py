@@ -10,7 +10,7 @@ import random
 import shutil
 from pathlib import Path
 
-from ..errors import CapsuleError
+from ...errors import CapsuleError
 from . import reliability_harness as H
 from . import reliability_tally as T
 from .reliability_ledger import Ledger

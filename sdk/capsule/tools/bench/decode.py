@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..session import Session
+from ...session import Session
 from . import BenchOptions, SuiteResult
 from .timing import make_clock, percentile, progress, step_probe
 from . import decode_append

@@ -33,9 +33,9 @@ import torch
 
 import devices
 
-from ..control import ControlLoop, MonotonicClock
-from ..policy import load_policy, registry
-from ..session import Session
+from ...control import ControlLoop, MonotonicClock
+from ...policy import load_policy, registry
+from ...session import Session
 from . import BenchOptions, SuiteResult
 from .timing import percentile
 

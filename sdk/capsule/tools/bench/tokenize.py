@@ -14,11 +14,11 @@ import statistics
 import time
 from typing import Any
 
-from ..tokenize.differential import PACKAGES
-from ..tokenize.incremental import IncrementalTokenizer
-from ..tokenize.reference import load_reference
-from ..tokenize.registry import all_families
-from ..tokenize.sources import package_dir
+from ...tokenize.differential import PACKAGES
+from ...tokenize.incremental import IncrementalTokenizer
+from ...tokenize.reference import load_reference
+from ...tokenize.registry import all_families
+from ...tokenize.sources import package_dir
 from . import BenchOptions, SuiteResult
 from .timing import percentile, progress
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..session import Session
+from ...session import Session
 from . import BenchOptions
 from .timing import make_clock
 

@@ -10,8 +10,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from ..memory.facterrors import UnknownFact
-from ..store import Store, UnknownEpoch
+from ...memory.facterrors import UnknownFact
+from ...store import Store, UnknownEpoch
 from . import reliability_harness as H
 from . import reliability_tally as T
 from .reliability_ledger import Ledger

@@ -38,7 +38,7 @@ if flavor == "store":        # capsule.store without capsule/__init__ (no torch)
     sys.modules["capsule"] = pkg
 else:
     import capsule, capsule.session, numpy
-from capsule.bench import reliability_children as K
+from capsule.tools.bench import reliability_children as K
 from capsule.store import Store
 print("ready", flush=True)
 for line in sys.stdin:
@@ -114,7 +114,7 @@ def check_session(path: Path, ledger: Ledger, model: str | None, signed: bool,
     finally:
         s.close()
     if not problems:
-        from ..store import Store
+        from ...store import Store
         try:
             with Store.open(path, sign_key=H.SIGN_KEY if signed else None) as st:
                 found = st.load_newest_valid()

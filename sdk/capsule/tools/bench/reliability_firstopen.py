@@ -8,7 +8,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from ..store import Store
+from ...store import Store
 from . import reliability_oracle as O
 from . import reliability_tally as T
 from .reliability_ledger import Ledger

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..session import Session
-from ..state.snapshot import HOST_PAGE
+from ...session import Session
+from ...state.snapshot import HOST_PAGE
 from . import BenchOptions
 from .timing import make_clock, progress
 

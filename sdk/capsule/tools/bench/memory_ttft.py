@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-from ..session import Session
+from ...session import Session
 
 
 def drop(s: Session, name: str) -> None:

@@ -24,7 +24,7 @@ import random
 import shutil
 from pathlib import Path
 
-from ..store import FileOps, Store  # noqa: F401 (FileOps: for RecordingFS subclasses, as C.FileOps)
+from ...store import FileOps, Store  # noqa: F401 (FileOps: for RecordingFS subclasses, as C.FileOps)
 from . import reliability_harness as H
 from . import reliability_oracle as O
 from . import reliability_tally as T

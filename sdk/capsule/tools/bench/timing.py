@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
-from ..stats import percentile  # the runtime owns it (ControlLoop); suites import it from here
+from ...stats import percentile  # the runtime owns it (ControlLoop); suites import it from here
 
 __all__ = ["make_clock", "percentile", "progress", "step_probe"]
 

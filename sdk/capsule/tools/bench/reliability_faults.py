@@ -14,8 +14,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from ..errors import CapsuleError, StoreError
-from ..store import FileOps, Store, StoreIOError
+from ...errors import CapsuleError, StoreError
+from ...store import FileOps, Store, StoreIOError
 from . import reliability_harness as H
 from . import reliability_tally as T
 from .reliability_ledger import Ledger

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..memory.facttable import FactTable
-    from ..store import Store
+    from ...memory.facttable import FactTable
+    from ...store import Store
 
 
 KEEP = 6                 # every workload retains with retain(KEEP)
@@ -101,7 +101,7 @@ def fact_kv(seq: int, variant: int) -> bytes:
 
 def facts(st: Store) -> FactTable:
     """The store's memory facts (torch-free: capsule.memory loads lazily)."""
-    from ..memory.facttable import FactTable
+    from ...memory.facttable import FactTable
     return FactTable(st)
 
 

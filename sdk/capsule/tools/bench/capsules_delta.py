@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..session import Session
+from ...session import Session
 from .decode import robot_prompt
 from .timing import percentile, progress
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..store import FileOps
+from ...store import FileOps
 
 
 @dataclass

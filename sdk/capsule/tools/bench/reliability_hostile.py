@@ -20,7 +20,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..store import SigningKeyError, Store
+from ...store import SigningKeyError, Store
 from . import reliability_harness as H
 from . import reliability_tally as T
 from .reliability_ledger import Ledger

@@ -10,9 +10,9 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..errors import CapsuleError
-from ..memory.facterrors import UnknownFact
-from ..store import Store
+from ...errors import CapsuleError
+from ...memory.facterrors import UnknownFact
+from ...store import Store
 from . import reliability_harness as H
 from .reliability_harness import SEGMENT_BYTES, epoch_name, expected_view, fact_kv, fact_seq, manifest, pages_for
 from .reliability_ledger import Ledger, span

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..session import Session
+from ...session import Session
 from . import BenchOptions
 from .timing import make_clock, percentile, progress
 

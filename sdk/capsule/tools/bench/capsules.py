@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..session import Session
+from ...session import Session
 from . import BenchOptions, SuiteResult
 from .capsules_delta import control_loop, measure_delta, summarize_delta
 from .capsules_disk import filesystem_of, fsync_latency, sequential_bandwidth

@@ -12,7 +12,7 @@ WAL and shm are there) and a "clean image" (after close). Each trial copies an i
   comes with a non-empty report; CapsuleCorrupt only when no epoch is intact on disk (checked by
   an independent scanner, reliability_scan). Never silently wrong, silently empty or untyped.
 
-Replay one trial: python -m capsule.bench.reliability_damage index|segments SEED TRIAL [--signed] [--clean]
+Replay one trial: python -m capsule.tools.bench.reliability_damage index|segments SEED TRIAL [--signed] [--clean]
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CapsuleError
-from ..store import Store
+from ...errors import CapsuleError
+from ...store import Store
 from . import reliability_harness as H
 from . import reliability_tally as T
 from .reliability_ledger import Ledger, span
@@ -245,7 +245,7 @@ def run_damage(root: Path, area: str, trials: int, *, seed: int = 0, signed_ever
         for p in problems:
             recipe = T.describe(family=f"{area} damage", image=img.label, seed=s, trial=n, damage=d,
                                 newest_acked=img.newest,
-                                replay=f"python -m capsule.bench.reliability_damage {area} {s} {n}"
+                                replay=f"python -m capsule.tools.bench.reliability_damage {area} {s} {n}"
                                        f"{' --signed' if img.key else ''}{' --clean' if not img.power_cut else ''}")
             where = d["file"].split(".", 1)[-1] if area == "index" else "seg"
             tally.fail(f"{area} damage ({where}): {T.cause_of(p)}", f"{recipe} :: {p}")

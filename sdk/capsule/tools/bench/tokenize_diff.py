@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tokenize.differential import run_differential
-from ..tokenize.registry import family_names
+from ...tokenize.differential import run_differential
+from ...tokenize.registry import family_names
 from . import BenchOptions, SuiteResult
 
 DEFAULT_CHECKS, QUICK_CHECKS = 250_000, 5_000

@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..memory.embedder import load_embedder
-from ..session import Session
+from ...memory.embedder import load_embedder
+from ...session import Session
 from . import BenchOptions, SuiteResult
 from .memory_decode import decode_rows
 from .memory_ttft import fresh, targets, ttft_rows

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[3]  # sdk/capsule/bench/report.py -> repository root
+REPO_ROOT = Path(__file__).resolve().parents[3]  # sdk/capsule/tools/bench/report.py -> repository root
 
 
 def _cpu_model() -> str:
@@ -56,7 +56,7 @@ def machine_info() -> dict[str, Any]:
     import numpy
     import torch
 
-    from .._version import __version__
+    from ..._version import __version__
     try:
         usable_cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

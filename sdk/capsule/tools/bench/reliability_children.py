@@ -32,7 +32,7 @@ def child_main(req: dict) -> None:
 
 def trace_store_open(say, t0: float) -> None:
     """In this child only: wrap Store.open so W lines tell when it ran (Session.open calls it too)."""
-    from ..store import Store
+    from ...store import Store
     real = Store.open.__func__
 
     def traced(cls, *args, **kw):
@@ -48,7 +48,7 @@ OPS = (("write", 34), ("group", 16), ("add_fact", 10), ("set_kv", 6), ("forget",
 
 
 def store_child(req: dict, say) -> None:
-    from ..store import Store
+    from ...store import Store
     rng = random.Random(req["seed"])
     key = H.SIGN_KEY if req.get("signed") else None
     say("@ open-create" if req.get("fresh") else "@ open")
@@ -142,7 +142,7 @@ SESSION_RT = {"kv_pool_mb": 4, "max_context": 512}
 
 
 def open_session(path: str, model: str | None, signed: bool):
-    from ..session import Session
+    from ...session import Session
     key = H.SIGN_KEY if signed else None
     if model is None:
         return Session.open(path, model=None, policy="builtin:gru", device="cpu", sign_key=key)
