@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
 from ..store.inputs import check_name
@@ -21,6 +21,9 @@ from .binding import RESTORE_HINT, Binding
 from .manifest import EpochCorrupt, Limits, Manifest, encode, parse
 from .snapshot import Snapshotter, Staged
 from .writer import BackgroundWriter
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 log = logging.getLogger("capsule")
 HostState = tuple[dict, dict[str, bytes]]  # (small JSON metadata, named byte blobs)
@@ -49,7 +52,7 @@ class _Plan:
 class Checkpointer:
     """Binds a Snapshotter to a Store; owns the background writer."""
 
-    def __init__(self, store: Any, snapshotter: Snapshotter, binding: Binding,
+    def __init__(self, store: "Store", snapshotter: Snapshotter, binding: Binding,
                  kv_state: Callable[[], tuple[set[int], set[int]]], *, keep_epochs: int,
                  limits: Limits | None = None):
         self.store = store

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 class BackgroundWriter:
     """One daemon thread per session. `submit` never blocks on I/O."""
 
-    def __init__(self, store: Any, on_durable: Callable[[list], None] | None = None):
+    def __init__(self, store: "Store", on_durable: Callable[[list], None] | None = None):
         self._store = store
         self._on_durable = on_durable
         self._queue: deque = deque()
