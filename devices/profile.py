@@ -20,7 +20,9 @@ from ._checks import (bad, check_bool, check_choice, check_int, check_int_list, 
 PROFILE_DIR = Path(__file__).resolve().parent
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16")
-ENGINES = ("tensorrt", "onnxruntime", "torch")
+# engine names: which ones exist, and where each runs, is capsule.policy.registry's to say
+# (Session.open checks a profile's list against it); here only their spelling
+_ENGINE_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 # keys older profiles carried that nothing ever read: a profile naming one is refused, saying so
 REMOVED = {
     "gpu": "hardware facts nothing read (describe the GPU in description)",
@@ -127,10 +129,12 @@ class DeviceProfile:
                 raise wrong_type(key, value, cls.__name__)
         if not isinstance(self.engines, (list, tuple)):
             raise wrong_type("engines", self.engines, "list of str")
-        engines = tuple(check_choice(f"engines[{i}]", e, ENGINES)
-                        for i, e in enumerate(self.engines))
+        engines = tuple(check_str(f"engines[{i}]", e) for i, e in enumerate(self.engines))
+        for i, e in enumerate(engines):
+            if not _ENGINE_RE.match(e):
+                raise bad(f"engines[{i}]", e, "is not an engine name (lower case, e.g. 'onnxruntime')")
         if not engines:
-            raise bad("engines", [], f"is empty (allowed: {', '.join(ENGINES)})")
+            raise bad("engines", [], "is empty (name at least one engine, e.g. [onnxruntime, torch])")
         dup = next((e for i, e in enumerate(engines) if e in engines[:i]), None)
         if dup is not None:
             raise bad("engines", list(engines), f"lists {dup!r} more than once")
@@ -141,9 +145,6 @@ class DeviceProfile:
         cpu = self.device == "cpu"
         if cpu and self.runtime.cuda_graphs:
             raise bad("runtime.cuda_graphs", True, "must be false when device is 'cpu'")
-        if cpu and "tensorrt" in self.engines:
-            raise bad("engines", list(self.engines),
-                      "includes 'tensorrt', which needs device 'cuda'")
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "<dict>") -> DeviceProfile:

@@ -55,6 +55,24 @@ def test_select_engines_keeps_the_callers_order_and_names_the_registered_ones():
         assert str(err.value) == f"engines must be a non-empty sequence of tensorrt, onnxruntime, torch; got {bad}"
 
 
+def test_a_profile_naming_an_unregistered_or_misplaced_engine_is_refused_at_open(tmp_path):
+    import yaml
+
+    import devices
+    from capsule import Session
+    cpu = devices.load_profile("x86-cpu").to_dict()
+    for engines, what in ((["onnxruntime", "tvm"], "engines[1]: 'tvm' is not a policy engine (registered: "
+                                                   "tensorrt, onnxruntime, torch)"),
+                          (["tensorrt", "torch"], "includes 'tensorrt', which needs device 'cuda'")):
+        path = tmp_path / "p.yaml"
+        path.write_text(yaml.safe_dump(dict(cpu, name="p", engines=engines)), encoding="utf-8")
+        with pytest.raises(ValueError, match="profile p") as err:
+            Session.open(tmp_path / "s", model=None, policy="builtin:mlp", device=str(path))
+        assert what in str(err.value)
+        assert not (tmp_path / "s").exists()           # refused before anything is created
+    registry.check_profile_engines(("tensorrt", "torch"), "cuda", "p")   # CUDA: fine
+
+
 class _Fake:
     """An engine that copies nothing and leaves the action at zeros: enough to be selected."""
 

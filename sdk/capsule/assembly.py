@@ -22,6 +22,7 @@ from .llm.engine import Engine
 from .llm.streams import export_streams, import_streams
 from .memory.facts import Memory, MemoryConfig
 from .policy import load_policy
+from .policy.registry import check_profile_engines
 from .policy.actor import Actor
 from .state.binding import Binding
 from .state.checkpointer import Checkpointer
@@ -64,6 +65,7 @@ def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokeni
     tokenizer load before anything is created on disk."""
     store_path = store_folder(path)
     profile = devices.detect_profile(device)
+    check_profile_engines(profile.engines, profile.device, profile.name)
     if runtime:
         profile = profile.replace_runtime(**dict(runtime))
     mem_config = MemoryConfig.of(memory)

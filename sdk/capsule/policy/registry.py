@@ -8,8 +8,8 @@ load_policy picks entries in the order its caller gives (the device profile's li
 
 Adding an engine: write policy/engine_<x>.py (a class following the Engine protocol of
 source.py, raising EngineUnavailable when it cannot run here, and a probe), add one entry to
-ENTRIES below, and test it. devices/profile.py validates profile YAMLs against its own list
-of names (the devices package sits below capsule); tests/test_rooms.py keeps the two equal.
+ENTRIES below, and test it. Device profiles name engines by these names; Session.open checks a
+profile's list against this table (check_profile_engines): the devices package keeps no list.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class EngineEntry:
     summary: str                  # what runs and where, one line for reports
     build: EngineFactory
     probe: Probe | None           # None: the backend is checked by doctor's own torch probes
+    cuda_only: bool = False       # a profile of device "cpu" may not list it
 
 
 def _lazy(module: str, attr: str) -> Callable[..., Any]:
@@ -46,7 +47,7 @@ def _lazy(module: str, attr: str) -> Callable[..., Any]:
 # the order is the usual preference (fastest first); a profile's own list decides at load time
 ENTRIES: tuple[EngineEntry, ...] = (
     EngineEntry("tensorrt", "a TensorRT plan built from the ONNX file, replayed in a CUDA graph (CUDA only)",
-                _lazy("engine_trt", "TensorRTEngine"), _lazy("engine_trt", "probe_tensorrt")),
+                _lazy("engine_trt", "TensorRTEngine"), _lazy("engine_trt", "probe_tensorrt"), cuda_only=True),
     EngineEntry("onnxruntime", "ONNX Runtime, IOBinding onto the static buffers (CPU, CUDA, TensorRT providers)",
                 _lazy("engine_ort", "OrtEngine"), _lazy("engine_ort", "probe_onnxruntime")),
     EngineEntry("torch", "the builtin policy's torch module (builtins only), in a CUDA graph on CUDA",
@@ -65,3 +66,16 @@ def select_engines(engines: Sequence[str]) -> tuple[EngineEntry, ...]:
     if not names or any(n not in known for n in names):
         raise ValueError(f"engines must be a non-empty sequence of {', '.join(known)}; got {list(names)}")
     return tuple(ENTRIES[known.index(n)] for n in names)
+
+
+def check_profile_engines(engines: Sequence[str], device: str, source: str) -> None:
+    """ValueError naming `source` (a profile) when its engine list names an unregistered engine
+    or, on a "cpu" profile, a CUDA-only one."""
+    known = engine_names()
+    for i, name in enumerate(engines):
+        if name not in known:
+            raise ValueError(f"engines[{i}]: {name!r} is not a policy engine (registered: "
+                             f"{', '.join(known)}) (profile {source})")
+        if device == "cpu" and ENTRIES[known.index(name)].cuda_only:
+            raise ValueError(f"engines: {list(engines)} includes {name!r}, which needs device 'cuda' "
+                             f"(profile {source})")
