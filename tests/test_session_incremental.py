@@ -5,11 +5,12 @@ import pytest
 
 from capsule import Session
 from capsule.tokenize import IncrementalTokenizer, load_reference
+from capsule.tokenize.registry import family_names
 
 RT = {"kv_pool_mb": 8, "max_context": 4096}
 
 
-@pytest.mark.parametrize("family", ["cl100k_base", "qwen2.5", "deepseek-v4"])
+@pytest.mark.parametrize("family", family_names())    # every registered family, through a Session
 def test_appends_equal_reference_and_stay_windowed(tmp_path, family):
     ref = load_reference(family)
     base = "def step(self, q):\n    return self.policy(q)  # ok\n" * 150          # ~7.5K chars
