@@ -20,6 +20,7 @@ from ._checks import (bad, check_bool, check_choice, check_int, check_int_list, 
 PROFILE_DIR = Path(__file__).resolve().parent
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16")
+CONTEXT_POLICIES = ("error", "shift")
 # engine names: which ones exist, and where each runs, is capsule.policy.registry's to say
 # (Session.open checks a profile's list against it); here only their spelling
 _ENGINE_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -49,6 +50,9 @@ class RuntimeDefaults:
     prefill_chunk: int
     cuda_graphs: bool
     block_size: int = BLOCK_SIZE      # optional in a YAML: most profiles share the default
+    kv_dtype: str | None = None       # the K/V cache's dtype; None: the weights' (dtype)
+    context_policy: str = "error"     # a stream that would pass max_context: "error" or "shift"
+    threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
 
     def __post_init__(self) -> None:
         check_choice("runtime.dtype", self.dtype, DTYPES)
@@ -69,6 +73,16 @@ class RuntimeDefaults:
                       f"is not a multiple of runtime.block_size ({bs})")
         check_int("runtime.prefill_chunk", self.prefill_chunk, lo=1)
         check_bool("runtime.cuda_graphs", self.cuda_graphs)
+        if self.kv_dtype is not None:
+            check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
+        check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)
+        if self.threads is not None:
+            check_int("runtime.threads", self.threads, lo=1)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The K/V cache's dtype name: kv_dtype, or the weights' dtype when it is not set."""
+        return self.kv_dtype or self.dtype
 
     @property
     def kv_pool_bytes(self) -> int:

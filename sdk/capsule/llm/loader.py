@@ -27,6 +27,7 @@ class ModelInfo:
     weights_digest: str          # sha256: binds capsules to these exact weights
     tokenizer_path: str | None   # the folder's tokenizer.json, when it has one
     untrained: bool
+    chat_template: str | None = None   # jinja2 source: tokenizer_config.json's or the GGUF's
 
 
 def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
@@ -60,7 +61,8 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
             weights.update(part)
         tok = folder / "tokenizer.json"
         info = ModelInfo(str(folder.resolve()), weights_digest(files),
-                         str(tok) if tok.is_file() else None, untrained=False)
+                         str(tok) if tok.is_file() else None, untrained=False,
+                         chat_template=folder_chat_template(folder))
     weights = {n: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for n, t in weights.items()}
     return Decoder(cfg, weights), info
@@ -101,6 +103,28 @@ def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
         raise ModelLoadError(f"{folder} has no weights: no *.safetensors file (only safetensors "
                              "checkpoints are supported, not .bin)")
     return cfg, files
+
+
+MAX_TEMPLATE_BYTES = 1 << 20   # real templates are a few KB; a config is input: bound it
+
+
+def folder_chat_template(folder: Path) -> str | None:
+    """The chat template of a checkpoint folder: tokenizer_config.json's ``chat_template`` (a
+    string, or the entry named "default" of a list), else a chat_template.jinja file; None when
+    it has neither. An unreadable or oversized config only means no template."""
+    jinja, config = folder / "chat_template.jinja", folder / "tokenizer_config.json"
+    try:
+        if config.stat().st_size > 4 * MAX_TEMPLATE_BYTES:
+            raise ValueError("oversized")
+        raw = json.loads(config.read_text("utf-8"))
+        tpl = raw.get("chat_template") if isinstance(raw, dict) else None
+    except (OSError, ValueError):
+        tpl = None
+    if isinstance(tpl, list):   # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
+    if tpl is None and jinja.is_file() and jinja.stat().st_size <= MAX_TEMPLATE_BYTES:
+        tpl = jinja.read_text("utf-8", errors="replace")
+    return tpl if isinstance(tpl, str) and tpl.strip() and len(tpl) <= MAX_TEMPLATE_BYTES else None
 
 
 def weights_digest(files: list[Path]) -> str:
