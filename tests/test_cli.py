@@ -132,6 +132,11 @@ def test_bench_decode_writes_results(tmp_path, capsys):
         assert row["steps"] == 4 and row["graphs"] == "n/a"
         assert 0 < row["p50_ms"] <= row["p99_ms"] and row["tokens_per_s"] > 0
     assert "| batch | graphs |" in (out_dir / "results.md").read_text()
+    threads = res["threads"]   # a CPU run measures 1 and 2 threads (as many as there are cores)
+    assert [r["threads"] for r in threads["rows"]] == [t for t in (1, 2) if t <= threads["cores"]]
+    for row in threads["rows"]:
+        assert row["prefill_tokens_per_s"] > 0 and row["decode_steps"] >= 1
+        assert 0 < row["decode_ms_p50"] <= row["decode_ms_p99"]
 
 
 def _store_with_epochs(path):

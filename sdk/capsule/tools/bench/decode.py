@@ -23,6 +23,7 @@ from . import BenchOptions, SuiteResult
 from .timing import make_clock, percentile, progress, step_probe
 from . import decode_append
 from . import decode_sampling
+from . import decode_threads
 
 BATCHES = (1, 2, 4)
 DEFAULT_STEPS, QUICK_STEPS = 128, 32       # decode steps timed per batch size
@@ -153,4 +154,5 @@ def run(opts: BenchOptions) -> SuiteResult:
     tables["open and memory"] = [memory]
     decode_append.report(opts, results, tables)
     decode_sampling.report(opts, results, tables)
+    decode_threads.report(opts, results, tables, device)
     return SuiteResult(settings=settings, results=results, tables=tables)
