@@ -1,4 +1,4 @@
-"""`load_model`: a local Hugging Face checkpoint folder or a `builtin:<preset>`."""
+"""`load_model`: a Hugging Face checkpoint folder, a .gguf file, a named model or `builtin:<preset>`."""
 from __future__ import annotations
 
 import hashlib
@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
-from .config import ModelConfig
-from .model import Decoder
 from ..paths import cache_dir
+from . import gguf_file, gguf_weights
+from .catalog import model_names, resolve_named
+from .config import ModelConfig
+from .gguf_file import MAX_TEMPLATE_BYTES
+from .model import Decoder
 from .presets import DEFAULT_SEED, materialize, preset_config
 from .safetensors_mmap import read_safetensors
 
@@ -28,15 +31,18 @@ class ModelInfo:
     tokenizer_path: str | None   # the folder's tokenizer.json, when it has one
     untrained: bool
     chat_template: str | None = None   # jinja2 source: tokenizer_config.json's or the GGUF's
+    label: str = ""   # short human name for messages: "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1)"
 
 
 def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
                seed: int = DEFAULT_SEED) -> tuple[Decoder, ModelInfo]:
-    """Load a decoder. `vocab_size` and `seed` apply to builtin presets only.
+    """Load a decoder. `source`: a checkpoint folder (config.json + *.safetensors), a .gguf file,
+    a named model (catalog.model_names(), e.g. "smollm2-135m") or "builtin:<preset>".
+    `vocab_size` and `seed` apply to builtin presets only.
 
     Raises ModelLoadError (missing files, unknown preset, bad tensors) or
-    UnsupportedArchitecture (another architecture, sliding window, YaRN, ...).
+    UnsupportedArchitecture (another architecture, sliding window, YaRN, a GGUF quant type, ...).
     """
     src = str(source)
     if src.startswith("builtin:"):
@@ -46,9 +52,11 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         path = materialize(name, vocab, seed)
         weights = read_safetensors(path)
         digest = hashlib.sha256(f"builtin:{name}:v{vocab}:s{seed}:{cfg.fingerprint()}".encode()).hexdigest()
-        info = ModelInfo(src, digest, None, untrained=True)
+        info = ModelInfo(src, digest, None, untrained=True, label=src)
+    elif (path := resolve_named(src) or Path(src)).is_file():
+        cfg, weights, info = _load_gguf(path, dtype)
     else:
-        folder = Path(src)
+        folder = path
         cfg, files = _inspect_folder(folder)
         weights = {}
         for f in files:
@@ -62,16 +70,27 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         tok = folder / "tokenizer.json"
         info = ModelInfo(str(folder.resolve()), weights_digest(files),
                          str(tok) if tok.is_file() else None, untrained=False,
-                         chat_template=folder_chat_template(folder))
+                         chat_template=folder_chat_template(folder), label=folder.name)
     weights = {n: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for n, t in weights.items()}
     return Decoder(cfg, weights), info
 
 
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], ModelInfo]:
+    header = gguf_file.read_header(path)
+    cfg = gguf_file.gguf_config(header)
+    digest = weights_digest([path])   # of the file as stored: another quantization is another model
+    weights = gguf_weights.load_weights(header, cfg, digest, dtype)
+    # tokenizer_path None: the tokenizer comes from the GGUF's own metadata (gguf_file.read_metadata)
+    return cfg, weights, ModelInfo(str(path.resolve()), digest, None, untrained=False,
+                                   chat_template=gguf_file.chat_template(header), label=gguf_file.label(header))
+
+
 def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
     if not folder.is_dir():
-        raise ModelLoadError(f"model source {str(folder)!r} is neither a folder nor 'builtin:<preset>' "
-                             "(give a Hugging Face checkpoint folder with config.json and *.safetensors)")
+        raise ModelLoadError(f"model source {str(folder)!r} is neither a folder, a .gguf file, a named model "
+                             f"({', '.join(model_names())}) nor 'builtin:<preset>' (give a Hugging Face "
+                             "checkpoint folder with config.json and *.safetensors, or a GGUF file)")
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelLoadError(f"{folder} has no config.json; is it a Hugging Face checkpoint folder?")
@@ -103,9 +122,6 @@ def _inspect_folder(folder: Path) -> tuple[ModelConfig, list[Path]]:
         raise ModelLoadError(f"{folder} has no weights: no *.safetensors file (only safetensors "
                              "checkpoints are supported, not .bin)")
     return cfg, files
-
-
-MAX_TEMPLATE_BYTES = 1 << 20   # real templates are a few KB; a config is input: bound it
 
 
 def folder_chat_template(folder: Path) -> str | None:
