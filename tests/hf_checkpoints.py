@@ -1,11 +1,11 @@
-"""Small random Llama / Qwen2 checkpoints written by transformers itself, for parity tests."""
+"""Small random Llama / Qwen2 / Qwen3 checkpoints written by transformers itself, for parity tests."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-CHECKPOINT_KINDS = ("llama", "llama3-scaled", "qwen2", "llama-tied")
+CHECKPOINT_KINDS = ("llama", "llama3-scaled", "qwen2", "llama-tied", "qwen3")
 
 
 def make_checkpoint(kind: str, folder: Path, *, vocab_size: int = 512, seed: int = 0) -> Path:
@@ -24,10 +24,13 @@ def make_checkpoint(kind: str, folder: Path, *, vocab_size: int = 512, seed: int
             "original_max_position_embeddings": 64})
     elif kind == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0)
+    elif kind == "qwen3":  # head_dim 32 != hidden / heads (16), as real Qwen3 models have
+        cfg = transformers.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)
     else:
         raise ValueError(f"unknown kind {kind!r}; one of {CHECKPOINT_KINDS}")
     torch.manual_seed(seed)
-    model_cls = transformers.Qwen2ForCausalLM if kind == "qwen2" else transformers.LlamaForCausalLM
+    model_cls = {"qwen2": transformers.Qwen2ForCausalLM,
+                 "qwen3": transformers.Qwen3ForCausalLM}.get(kind, transformers.LlamaForCausalLM)
     model = model_cls(cfg).eval()
     with torch.no_grad():  # random norms and biases so a wrong wiring cannot hide behind ones/zeros
         for name, p in model.named_parameters():

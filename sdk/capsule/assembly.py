@@ -68,6 +68,7 @@ def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokeni
     check_profile_engines(profile.engines, profile.device, profile.name)
     if runtime:
         profile = profile.replace_runtime(**dict(runtime))
+    set_threads(profile.runtime.threads)
     mem_config = MemoryConfig.of(memory)
     if memory is not None and model is None:
         raise ValueError("memory needs a model: give model=... or leave memory=None")
@@ -93,6 +94,20 @@ def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokeni
         store.close()
         raise
     return Assembled(store_path, profile, registry, store, checkpointer, llm, mem, actor)
+
+
+def set_threads(threads: int | None) -> None:
+    """runtime.threads: torch's intra-op threads for the LLM (None: leave torch's own count).
+
+    Process-wide: torch has one intra-op pool per process, so this also changes every other
+    Session and any torch code of the app in this process, and it stays after close. Policies
+    on onnxruntime get the same count per InferenceSession (load_policy's threads).
+    The count changes float reduction order (logits differ bitwise between 1, 2 and 3 threads
+    on builtin:small), so on a cpu profile it is part of the binding's layout: a capsule taken
+    at 2 threads is refused by a session at 1 (CapsuleMismatch naming threads).
+    """
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def store_folder(path: str | os.PathLike) -> Path:
@@ -133,7 +148,7 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
         raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
                             f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")
     pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
-                  dtype=decoder.dtype, device=dev)
+                  dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
                          use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda")
@@ -144,7 +159,8 @@ def build_actor(policy: str | os.PathLike, profile: devices.DeviceProfile,
                 registry: RegionRegistry) -> Actor:
     """The policy on the profile's device through its engine preference (static buffers)."""
     dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
-    return Actor(load_policy(policy, device=dev, engines=profile.engines, registry=registry), registry)
+    return Actor(load_policy(policy, device=dev, engines=profile.engines, registry=registry,
+                             threads=profile.runtime.threads), registry)
 
 
 def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: RegionRegistry,
@@ -154,6 +170,15 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
     # those in use; the prefill chunking changes reduction order
     layout = {"regions": registry.layout(), "block_size": rt.block_size, "buckets": list(rt.batch_buckets),
               "max_context": rt.max_context, "cuda_graphs": rt.cuda_graphs, "prefill_chunk": rt.prefill_chunk}
+    if llm and rt.kv_cache_dtype != rt.dtype:
+        # the pool's bytes are K/V in this dtype (the kv_pool region's dtype says so too; named
+        # here only when it differs, so capsules from before kv_dtype existed keep their layout)
+        layout["kv_dtype"] = rt.kv_cache_dtype
+    if rt.threads is not None and profile.device == "cpu":
+        # CPU kernels split their reductions by thread count (builtin:small's logits differ
+        # bitwise at 1, 2 and 3 threads), so a capsule continues bit-exactly only at its count.
+        # Unset, the count is torch's default (the machine's cores), unbound as before
+        layout["threads"] = rt.threads
     if actor is not None:   # a capsule's hidden state means nothing to other policy weights
         layout["policy"] = actor.runner.spec.digest
     model = "none"
@@ -171,9 +196,12 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
     rt = profile.runtime
     layout: dict[str, Any] = {"max_context": rt.max_context, "block_size": rt.block_size,
                               "kv_pool_mb": rt.kv_pool_mb, "batch_buckets": list(rt.batch_buckets),
-                              "prefill_chunk": rt.prefill_chunk, "cuda_graphs": rt.cuda_graphs}
+                              "prefill_chunk": rt.prefill_chunk, "cuda_graphs": rt.cuda_graphs,
+                              "threads": rt.threads if rt.threads is not None
+                              else f"default ({torch.get_num_threads()})"}
     if llm:
         layout["kv_blocks"] = llm.engine.pool.num_blocks
+        layout["kv_dtype"] = rt.kv_cache_dtype
     if actor is not None:
         spec = actor.runner.spec
         layout["policy"] = f"{spec.name} ({spec.digest[:12]})"

@@ -1,4 +1,4 @@
-"""Decoder configuration: one frozen dataclass for the Llama / Qwen2 family."""
+"""Decoder configuration: one frozen dataclass for the Llama / Qwen2 / Qwen3 family."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +9,12 @@ from typing import Any, Mapping
 
 from ..errors import UnsupportedArchitecture
 
-# model_type -> whether q/k/v carry a bias by construction (Qwen2 always does)
-_ARCHITECTURES = {"llama": False, "qwen2": True}
-_ARCH_CLASSES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# model_type -> whether q/k/v carry a bias by construction (Qwen2 always does; Llama and
+# Qwen3 only with attention_bias)
+_ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": False}
+_ARCH_CLASSES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+# model_types whose attention RMS-normalizes each head of q and k before RoPE
+_QK_NORM = ("qwen3",)
 _ROPE_TYPES = ("default", "llama3")
 
 
@@ -48,11 +51,12 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     qkv_bias: bool = False
-    o_bias: bool = False  # Llama's attention_bias also biases o_proj; Qwen2 never does
+    o_bias: bool = False  # Llama's and Qwen3's attention_bias also biases o_proj; Qwen2 never does
     tie_embeddings: bool = False
     max_position: int = 32768
     rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
     architecture: str = "llama"
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim of each q and k head, before RoPE
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -80,16 +84,21 @@ class ModelConfig:
 
     def fingerprint(self) -> str:
         """Digest of the shape and numerics (not the weights)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        d = self.to_dict()
+        if not d["qk_norm"]:
+            del d["qk_norm"]  # left out when off: models from before the field keep their digest
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (transformers 4.x and 5.x layouts)."""
         arch = _model_type(cfg)
-        if cfg.get("use_sliding_window"):
+        sliding = [t for t in cfg.get("layer_types") or () if t != "full_attention"]
+        if cfg.get("use_sliding_window") or sliding:
             raise UnsupportedArchitecture("sliding-window attention is not supported; "
-                                          "use a checkpoint with use_sliding_window=false")
+                                          "use a checkpoint with use_sliding_window=false"
+                                          + (f" (layer_types lists {sliding[0]!r})" if sliding else ""))
         if cfg.get("hidden_act", "silu") != "silu":
             raise UnsupportedArchitecture(f"hidden_act {cfg.get('hidden_act')!r} is not supported (silu only)")
         if cfg.get("mlp_bias"):
@@ -107,11 +116,12 @@ class ModelConfig:
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 qkv_bias=_ARCHITECTURES[arch] or bool(cfg.get("attention_bias", False)),
-                o_bias=arch == "llama" and bool(cfg.get("attention_bias", False)),
+                o_bias=arch != "qwen2" and bool(cfg.get("attention_bias", False)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 max_position=int(cfg.get("max_position_embeddings", 32768)),
                 rope=_rope_from_hf(cfg),
                 architecture=arch,
+                qk_norm=arch in _QK_NORM,
             )
         except KeyError as exc:
             raise UnsupportedArchitecture(f"config.json lacks required key {exc.args[0]!r}") from None
@@ -127,7 +137,7 @@ def _model_type(cfg: Mapping[str, Any]) -> str:
     found = cfg.get("architectures") or model_type
     raise UnsupportedArchitecture(
         f"architecture {found!r} is not supported; supported: "
-        f"{', '.join(sorted(_ARCH_CLASSES))} (model_type llama or qwen2)")
+        f"{', '.join(sorted(_ARCH_CLASSES))} (model_type {', '.join(sorted(_ARCHITECTURES))})")
 
 
 def _rope_from_hf(cfg: Mapping[str, Any]) -> RopeConfig:

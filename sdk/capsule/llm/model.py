@@ -1,4 +1,4 @@
-"""A Llama / Qwen2-architecture decoder over the paged KV pool.
+"""A Llama / Qwen2 / Qwen3-architecture decoder over the paged KV pool.
 
 Weights keep their Hugging Face names, so a checkpoint's state dict is used as is.
 The model holds no cache of its own: K/V live in the pool passed to `forward`.
@@ -39,6 +39,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                            p + "self_attn.v_proj.bias": (kv_out,)})
         if cfg.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (D,)
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     return shapes
 
 
@@ -108,7 +110,8 @@ class Decoder(nn.Module):
         segments: query segments for paged_attention (eager prefill across a memory region).
 
         capture: when a list, one (k_pre, v) per layer is appended, each (B*T, KV, hd): keys
-        after k_proj and before RoPE (memory facts are stored unrotated). Eager use only."""
+        after k_proj (and k_norm, when the model has one) and before RoPE, i.e. exactly what
+        RoPE rotates (memory facts are stored unrotated). Eager use only."""
         cfg = self.cfg
         B, T = input_ids.shape
         H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -126,15 +129,18 @@ class Decoder(nn.Module):
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
-            q = F.linear(h, lw.q, lw.q_bias)
-            k = F.linear(h, lw.k, lw.k_bias)
-            v = F.linear(h, lw.v, lw.v_bias)
+            q = F.linear(h, lw.q, lw.q_bias).view(B * T, H, hd)               # (N, H, hd)
+            k = F.linear(h, lw.k, lw.k_bias).view(B * T, KV, hd)              # (N, KV, hd)
+            v = F.linear(h, lw.v, lw.v_bias).view(B * T, KV, hd)
+            if lw.q_norm is not None:   # Qwen3: per head, over hd, before RoPE
+                q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
+                k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
             if capture is not None:
-                capture.append((k.view(B * T, KV, hd), v.view(B * T, KV, hd)))
-            q = apply_rope(q.view(B * T, H, hd), cos, sin)                     # (N, H, hd)
-            k = apply_rope(k.view(B * T, KV, hd), cos, sin)                    # (N, KV, hd)
+                capture.append((k, v))
+            q = apply_rope(q, cos, sin)                                        # (N, H, hd)
+            k = apply_rope(k, cos, sin)                                        # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
-            write_kv(k_cache, v_cache, slot_mapping, k, v.view(B * T, KV, hd))
+            write_kv(k_cache, v_cache, slot_mapping, k, v)
             att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
                                   self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
             x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
@@ -158,6 +164,8 @@ class _LayerWeights(NamedTuple):
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
 
     @classmethod
     def of(cls, model: "Decoder", p: str) -> "_LayerWeights":
@@ -172,4 +180,6 @@ class _LayerWeights(NamedTuple):
             model.p(p + "self_attn.o_proj.bias") if model.cfg.o_bias else None,
             model.p(p + "post_attention_layernorm.weight"),
             model.p(p + "mlp.gate_proj.weight"), model.p(p + "mlp.up_proj.weight"),
-            model.p(p + "mlp.down_proj.weight"))
+            model.p(p + "mlp.down_proj.weight"),
+            model.p(p + "self_attn.q_norm.weight") if model.cfg.qk_norm else None,
+            model.p(p + "self_attn.k_norm.weight") if model.cfg.qk_norm else None)

@@ -3,6 +3,13 @@
 The pool is one static tensor (see kv_pool.py); a stream's tokens live in the blocks its
 block table lists, in order. Everything here is shape-static given (B, T, n_blocks), so the
 same code is captured into a CUDA graph on GPU and runs eagerly on CPU.
+
+The pool may hold K/V in another dtype than the model computes in (runtime.kv_dtype):
+`write_kv` rounds the new K/V to the pool's dtype, `paged_attention` reads them back in q's.
+Exactness: with the pool in the weights' dtype nothing is rounded (fp32 keeps the 1e-4
+logit parity with transformers); an fp16/bf16 pool under fp32 weights is not parity-exact
+(each K/V element is rounded once on write), but it is deterministic: the same tokens give
+the same pool bytes and logits, so a continuation after a restore is bit-exact.
 """
 from __future__ import annotations
 
@@ -17,13 +24,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.T
     """Scatter new keys/values into their slots (slot = block * block_size + offset).
 
     k_cache, v_cache: (NB, bs, KV, hd) views of one layer (strided: the pool is block-major);
-    k, v: (N, KV, hd); slot_mapping: (N,). Padded batch rows point at the scratch block 0.
+    k, v: (N, KV, hd) in the compute dtype, rounded to the cache's dtype here (a no-op when they
+    match); slot_mapping: (N,). Padded batch rows point at the scratch block 0.
     """
     bs = k_cache.shape[1]
     block = torch.div(slot_mapping, bs, rounding_mode="floor")
     offset = slot_mapping - block * bs
-    k_cache.index_put_((block, offset), k)
-    v_cache.index_put_((block, offset), v)
+    k_cache.index_put_((block, offset), k.to(k_cache.dtype))
+    v_cache.index_put_((block, offset), v.to(v_cache.dtype))
 
 
 def attention_mask(positions: torch.Tensor, S: int, G: int, dtype: torch.dtype,
@@ -56,6 +64,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of queries over their stream's cached keys.
 
     q: (B, T, H, hd) queries of B streams, T tokens each, at `positions` (B, T);
+    k_cache, v_cache: (NB, bs, KV, hd), any float dtype: the gathered blocks are cast to q's;
     block_tables: (B, nb) block ids; key slot s of stream b is position s (see attention_mask
     for key_valid and key_pos). mask: attention_mask's result, when the caller built it once
     for all layers. segments: (q_lo, q_hi, n_keys) host ints covering 0..T: queries
@@ -69,8 +78,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     S = block_tables.shape[1] * bs
     # index_select copies whole blocks (a memcpy each): ~3x faster on CPU than k_cache[block_tables]
     flat = block_tables.reshape(-1)
-    k = k_cache.index_select(0, flat).view(B, S, KV, hd).transpose(1, 2)    # (B, KV, S, hd)
-    v = v_cache.index_select(0, flat).view(B, S, KV, hd).transpose(1, 2)
+    # then to q's dtype (a no-op when the pool is in the compute dtype): SDPA wants one dtype
+    k = k_cache.index_select(0, flat).to(q.dtype).view(B, S, KV, hd).transpose(1, 2)  # (B, KV, S, hd)
+    v = v_cache.index_select(0, flat).to(q.dtype).view(B, S, KV, hd).transpose(1, 2)
     # group query heads by their kv head so no K/V copy is needed for GQA
     q = q.view(B, T, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, T * G, hd)
     if mask is None:

@@ -6,7 +6,8 @@ buffers.hidden after the run (the model never reads and writes the same memory i
 and buffers.hidden never moves, so a restore lands where the binding points). The binding is
 made once; a step is one run_with_iobinding plus that copy_, and allocates nothing after
 warm-up. Providers: TensorRT/CUDA execution providers when the device is CUDA and ORT offers
-them, else CPU (one intra-op thread: these policies are far too small to gain from more).
+them, else CPU (one intra-op thread unless runtime.threads says otherwise: these policies
+are far too small to gain from more; `threads` reports what the InferenceSession runs with).
 Not thread-safe: the runner serializes calls. probe_onnxruntime is this engine's doctor probe.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ def choose_providers(ort: Any, device: torch.device) -> list[Any]:
 class OrtEngine:
     name = "onnxruntime"
 
-    def __init__(self, source: PolicySource, buffers: PolicyBuffers, *, threads: int = 1):
+    def __init__(self, source: PolicySource, buffers: PolicyBuffers, *, threads: int | None = None):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -65,7 +66,7 @@ class OrtEngine:
         providers = choose_providers(ort, dev)
         path = source.onnx_path()
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
+        opts.intra_op_num_threads = 1 if threads is None else threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
@@ -79,6 +80,8 @@ class OrtEngine:
         if self.cuda and used[0] == CPU_EP:
             raise EngineUnavailable(f"onnxruntime fell back to {CPU_EP} for a CUDA device (offered: {used})")
         self.detail = used[0]
+        # what the session itself reports, not what was asked: ORT copies the options it is given
+        self.threads: int = self.session.get_session_options().intra_op_num_threads
         # hidden_out lands here, then copy_ into buffers.hidden: a static twin, never registered
         self.hidden_next = torch.empty_like(buffers.hidden) if buffers.hidden is not None else None
         self.binding = self.session.io_binding()

@@ -22,18 +22,20 @@ if TYPE_CHECKING:
     from .probe import Probe
     from .source import Engine, PolicySource
 
-EngineFactory = Callable[["PolicySource", "PolicyBuffers"], "Engine"]
+EngineFactory = Callable[..., "Engine"]   # (source, buffers[, threads=n]) -> Engine
 
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """One engine: `build(source, buffers)` returns a ready Engine or raises EngineUnavailable."""
+    """One engine: `build(source, buffers)` returns a ready Engine or raises EngineUnavailable;
+    with `takes_threads`, load_policy passes `threads=n` too when runtime.threads is set."""
 
     name: str
     summary: str                  # what runs and where, one line for reports
     build: EngineFactory
     probe: Probe | None           # None: the backend is checked by doctor's own torch probes
     cuda_only: bool = False       # a profile of device "cpu" may not list it
+    takes_threads: bool = False   # build accepts threads= (CPU intra-op threads of its backend)
 
 
 def _lazy(module: str, attr: str) -> Callable[..., Any]:
@@ -49,7 +51,8 @@ ENTRIES: tuple[EngineEntry, ...] = (
     EngineEntry("tensorrt", "a TensorRT plan built from the ONNX file, replayed in a CUDA graph (CUDA only)",
                 _lazy("engine_trt", "TensorRTEngine"), _lazy("engine_trt", "probe_tensorrt"), cuda_only=True),
     EngineEntry("onnxruntime", "ONNX Runtime, IOBinding onto the static buffers (CPU, CUDA, TensorRT providers)",
-                _lazy("engine_ort", "OrtEngine"), _lazy("engine_ort", "probe_onnxruntime")),
+                _lazy("engine_ort", "OrtEngine"), _lazy("engine_ort", "probe_onnxruntime"), takes_threads=True),
+    # torch's intra-op threads are process-wide: Session.open sets them (assembly.set_threads)
     EngineEntry("torch", "the builtin policy's torch module (builtins only), in a CUDA graph on CUDA",
                 _lazy("engine_torch", "TorchEngine"), None),
 )

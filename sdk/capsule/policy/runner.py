@@ -83,7 +83,7 @@ class PolicyRunner:
 
 def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu",
                 engines: Sequence[str] = ("onnxruntime", "torch"),
-                registry: RegionRegistry | None = None) -> PolicyRunner:
+                registry: RegionRegistry | None = None, threads: int | None = None) -> PolicyRunner:
     """Load `source` ("builtin:mlp|mlp-chunk|gru" or an .onnx path) onto the first engine that works.
 
     Engines (names in policy/registry.py) are tried in order; one that cannot run here
@@ -91,8 +91,12 @@ def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu"
     subclass UnsupportedArchitecture) when the source breaks the I/O convention, or when no
     engine works (the message lists each engine's reason). With `registry`, the buffers are
     registered: obs "policy.obs.<key>" (input), "policy.action" (output), "policy.hidden" (policy).
+    threads: CPU intra-op threads for engines that take them (onnxruntime; its default, None,
+    is one); torch's are process-wide and left to the caller (Session.open sets runtime.threads).
     """
     entries = select_engines(engines)      # ValueError on an empty list or an unknown name
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"policy device {dev} requested, but torch.cuda.is_available() is False; "
@@ -103,7 +107,8 @@ def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu"
     engine: Engine | None = None
     for entry in entries:
         try:
-            engine = entry.build(src, buffers)
+            extra = {"threads": threads} if entry.takes_threads and threads is not None else {}
+            engine = entry.build(src, buffers, **extra)
             break
         except EngineUnavailable as exc:
             skipped[entry.name] = str(exc)

@@ -3,9 +3,12 @@
 Every probe imports its backend lazily and runs inside a guard, so a broken or missing
 backend becomes one FAILED or MISSING line, never a crash of the command. The torch probes
 live here (they open a Session); each policy engine's probe comes from policy/registry.py.
+The torch cpu probe adds a "cpu load" line: WARN when other processes already keep the cores
+busy that the session's threads would need (a decode step then waits for a core).
 """
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import traceback
@@ -15,8 +18,10 @@ from typing import Sequence
 from ..policy.probe import FAILED, MISSING, OK, Check, NeedsPackage, Probe, exact_probe_tensors
 from ..policy import registry
 
-__all__ = ["FAILED", "MISSING", "OK", "Check", "NeedsPackage", "Probe", "cpu_works", "default_probes",
-           "format_checks", "probe_policy", "run_checks"]
+__all__ = ["FAILED", "MISSING", "OK", "WARN", "Check", "NeedsPackage", "Probe", "cpu_load_check", "cpu_works",
+           "default_probes", "format_checks", "probe_policy", "run_checks"]
+
+WARN = "WARN"   # works, but something here will slow it down (the reason says what to change)
 
 
 def _matmul_error(device: str) -> float:
@@ -43,16 +48,41 @@ def _session_tokens(work: Path, device: str, n: int = 8) -> tuple[float, str]:
         return per_token, "graphs on" if s.engine.runner.uses_graphs else "eager"
 
 
-def probe_torch_cpu(work: Path) -> Check:
+def cpu_load_check(threads: int | None = None) -> Check:
+    """"cpu load": WARN when the 1-minute load average exceeds the cores the session leaves
+    free (os.cpu_count() minus its threads: `threads`, else the detected profile's
+    runtime.threads, else torch's count); OK otherwise, or when the OS has no load average."""
     import torch
 
+    if threads is None:
+        import devices
+
+        threads = devices.detect_profile("auto").runtime.threads or torch.get_num_threads()
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):   # not on every OS (Windows)
+        return Check("cpu load", OK, "-", "no load average on this OS")
+    free = max(cores - threads, 0)
+    text = f"1-min load {load:.2f}; {cores} cores, the session uses {threads} thread(s), {free} free"
+    if load > free:
+        return Check("cpu load", WARN, "-", f"{text}: other processes compete for the session's cores, "
+                     "so steps wait for a core; open with runtime={\"threads\": 1} (or fewer threads "
+                     "than the cores left idle)")
+    return Check("cpu load", OK, "-", text)
+
+
+def probe_torch_cpu(work: Path) -> list[Check]:
+    import torch
+
+    load = cpu_load_check()   # before the probe's own session adds to the load
     err = _matmul_error("cpu")
     if err > 1e-5:
-        return Check("torch cpu", FAILED, torch.__version__, f"matmul off by {err:.2e}")
+        return [Check("torch cpu", FAILED, torch.__version__, f"matmul off by {err:.2e}"), load]
     step, mode = _session_tokens(work, "cpu")
-    return Check("torch cpu", OK, torch.__version__,
-                 f"matmul exact; builtin:tiny via Session {step * 1e3:.1f} ms/token ({mode}, "
-                 f"{torch.get_num_threads()} threads)")
+    return [Check("torch cpu", OK, torch.__version__,
+                  f"matmul exact; builtin:tiny via Session {step * 1e3:.1f} ms/token ({mode}, "
+                  f"{torch.get_num_threads()} threads)"), load]
 
 
 def _no_cuda(name: str) -> Check | None:
