@@ -131,19 +131,20 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
               profile: devices.DeviceProfile, registry: RegionRegistry) -> LLMParts:
     rt = profile.runtime
     source = str(model)
-    if tokenizer is None:
-        if source.startswith("builtin:"):
-            tokenizer = DEFAULT_BUILTIN_TOKENIZER
-        elif (Path(source) / "tokenizer.json").is_file():
-            tokenizer = Path(source) / "tokenizer.json"
-        else:
-            raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
-                                 "'qwen2.5' or a tokenizer.json / .tiktoken path)")
+    dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
+    dtype = DTYPES[rt.dtype]
     # no background encoder build during open: it would hold the GIL while the capsule restores.
     # The encoder is built on the first append, or prefetched after the first generate
-    tok = load_reference(tokenizer, prefetch=False)
-    dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
-    decoder, info = load_model(source, device=dev, dtype=DTYPES[rt.dtype], vocab_size=tok.vocab_size)
+    if source.startswith("builtin:"):   # random weights sized to the tokenizer's vocabulary
+        tok = load_reference(tokenizer or DEFAULT_BUILTIN_TOKENIZER, prefetch=False)
+        decoder, info = load_model(source, device=dev, dtype=dtype, vocab_size=tok.vocab_size)
+    else:   # a model carries its tokenizer: a folder's tokenizer.json, a GGUF's metadata
+        decoder, info = load_model(source, device=dev, dtype=dtype, own_tokenizer=tokenizer is None)
+        tokenizer = tokenizer or info.tokenizer_path
+        if tokenizer is None:
+            raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
+                                 "'qwen2.5' or a tokenizer.json / .tiktoken path)")
+        tok = load_reference(tokenizer, prefetch=False)
     if decoder.cfg.vocab_size <= tok.max_id:
         raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
                             f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")

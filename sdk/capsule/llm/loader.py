@@ -15,6 +15,7 @@ from . import gguf_file, gguf_weights
 from .catalog import model_names, resolve_named
 from .config import ModelConfig
 from .gguf_file import MAX_TEMPLATE_BYTES
+from .gguf_tokenizer import tokenizer_folder
 from .model import Decoder
 from .presets import DEFAULT_SEED, materialize, preset_config
 from .safetensors_mmap import read_safetensors
@@ -36,10 +37,11 @@ class ModelInfo:
 
 def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
-               seed: int = DEFAULT_SEED) -> tuple[Decoder, ModelInfo]:
+               seed: int = DEFAULT_SEED, own_tokenizer: bool = True) -> tuple[Decoder, ModelInfo]:
     """Load a decoder. `source`: a checkpoint folder (config.json + *.safetensors), a .gguf file,
     a named model (catalog.model_names(), e.g. "smollm2-135m") or "builtin:<preset>".
-    `vocab_size` and `seed` apply to builtin presets only.
+    `vocab_size` and `seed` apply to builtin presets only. own_tokenizer: a GGUF's tokenizer is
+    built from its metadata (ModelInfo.tokenizer_path); False skips that (a tokenizer is given).
 
     Raises ModelLoadError (missing files, unknown preset, bad tensors) or
     UnsupportedArchitecture (another architecture, sliding window, YaRN, a GGUF quant type, ...).
@@ -54,7 +56,7 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         digest = hashlib.sha256(f"builtin:{name}:v{vocab}:s{seed}:{cfg.fingerprint()}".encode()).hexdigest()
         info = ModelInfo(src, digest, None, untrained=True, label=src)
     elif (path := resolve_named(src) or Path(src)).is_file():
-        cfg, weights, info = _load_gguf(path, dtype)
+        cfg, weights, info = _load_gguf(path, dtype, own_tokenizer)
     else:
         folder = path
         cfg, files = _inspect_folder(folder)
@@ -76,13 +78,14 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
     return Decoder(cfg, weights), info
 
 
-def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], ModelInfo]:
+def _load_gguf(path: Path, dtype: torch.dtype, own_tokenizer: bool
+               ) -> tuple[ModelConfig, dict[str, torch.Tensor], ModelInfo]:
     header = gguf_file.read_header(path)
     cfg = gguf_file.gguf_config(header)
     digest = weights_digest([path])   # of the file as stored: another quantization is another model
     weights = gguf_weights.load_weights(header, cfg, digest, dtype)
-    # tokenizer_path None: the tokenizer comes from the GGUF's own metadata (gguf_file.read_metadata)
-    return cfg, weights, ModelInfo(str(path.resolve()), digest, None, untrained=False,
+    tok = tokenizer_folder(header.metadata, digest) / "tokenizer.json" if own_tokenizer else None
+    return cfg, weights, ModelInfo(str(path.resolve()), digest, None if tok is None else str(tok), untrained=False,
                                    chat_template=gguf_file.chat_template(header), label=gguf_file.label(header))
 
 
