@@ -142,8 +142,9 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
         decoder, info = load_model(source, device=dev, dtype=dtype, own_tokenizer=tokenizer is None)
         tokenizer = tokenizer or info.tokenizer_path
         if tokenizer is None:
-            raise TokenizerError(f"{source} has no tokenizer.json; pass tokenizer= (a family name like "
-                                 "'qwen2.5' or a tokenizer.json / .tiktoken path)")
+            raise TokenizerError(f"{source} carries no tokenizer (no tokenizer.json, or a GGUF without "
+                                 "tokenizer metadata); pass tokenizer= (a family name like 'qwen2.5' "
+                                 "or a tokenizer.json / .tiktoken path)")
         tok = load_reference(tokenizer, prefetch=False)
     if decoder.cfg.vocab_size <= tok.max_id:
         raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "

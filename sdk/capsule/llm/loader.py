@@ -84,7 +84,9 @@ def _load_gguf(path: Path, dtype: torch.dtype, own_tokenizer: bool
     cfg = gguf_file.gguf_config(header)
     digest = weights_digest([path])   # of the file as stored: another quantization is another model
     weights = gguf_weights.load_weights(header, cfg, digest, dtype)
-    tok = tokenizer_folder(header.metadata, digest) / "tokenizer.json" if own_tokenizer else None
+    # a GGUF without tokenizer metadata (weights only) loads too: Session.open then needs tokenizer=
+    tok = (tokenizer_folder(header.metadata, digest) / "tokenizer.json"
+           if own_tokenizer and "tokenizer.ggml.model" in header.metadata else None)
     return cfg, weights, ModelInfo(str(path.resolve()), digest, None if tok is None else str(tok), untrained=False,
                                    chat_template=gguf_file.chat_template(header), label=gguf_file.label(header))
 
