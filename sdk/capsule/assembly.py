@@ -102,8 +102,8 @@ def set_threads(threads: int | None) -> None:
     Process-wide: torch has one intra-op pool per process, so this also changes every other
     Session and any torch code of the app in this process, and it stays after close. Policies
     on onnxruntime get the same count per InferenceSession (load_policy's threads).
-    The count changes float reduction order (logits differ bitwise between 1, 2 and 3 threads
-    on builtin:small), so on a cpu profile it is part of the binding's layout: a capsule taken
+    The count changes float reduction order (builtin:small's decode logits differ bitwise
+    between 1 and 2 threads, its prefill logits too at 3), so on a cpu profile it is part of the binding's layout: a capsule taken
     at 2 threads is refused by a session at 1 (CapsuleMismatch naming threads).
     """
     if threads is not None and torch.get_num_threads() != threads:
@@ -177,8 +177,8 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # here only when it differs, so capsules from before kv_dtype existed keep their layout)
         layout["kv_dtype"] = rt.kv_cache_dtype
     if rt.threads is not None and profile.device == "cpu":
-        # CPU kernels split their reductions by thread count (builtin:small's logits differ
-        # bitwise at 1, 2 and 3 threads), so a capsule continues bit-exactly only at its count.
+        # CPU kernels split their reductions by thread count (builtin:small's decode logits
+        # differ bitwise at 1 vs 2 threads), so a capsule continues bit-exactly only at its count.
         # Unset, the count is torch's default (the machine's cores), unbound as before
         layout["threads"] = rt.threads
     if actor is not None:   # a capsule's hidden state means nothing to other policy weights
