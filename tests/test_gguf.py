@@ -3,6 +3,8 @@ tensor type, the SmolLM2 file, the dequantization cache, and damaged or unsuppor
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
+import json
 import struct
 import sys
 
@@ -127,7 +129,11 @@ def test_smollm2_loads_with_its_config(smol):
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and info.source == str(path.resolve())
     assert info.label == "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1)"
     assert info.weights_digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert info.tokenizer_path is None and not info.untrained and "<|im_start|>" in info.chat_template
+    assert not info.untrained and "<|im_start|>" in info.chat_template
+    # its tokenizer is built from its metadata: tokenizer.json with tokenizer_config.json beside it
+    tok = Path(info.tokenizer_path)
+    assert tok.name == "tokenizer.json" and (tok.parent / "tokenizer_config.json").is_file()
+    assert json.loads((tok.parent / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
 
 
 def test_smollm2_logits_match_transformers(smol):

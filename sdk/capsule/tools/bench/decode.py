@@ -154,5 +154,5 @@ def run(opts: BenchOptions) -> SuiteResult:
     tables["open and memory"] = [memory]
     decode_append.report(opts, results, tables)
     decode_sampling.report(opts, results, tables)
-    decode_threads.report(opts, results, tables, device)
+    decode_threads.report(opts, results, tables, device, robot_prompt)
     return SuiteResult(settings=settings, results=results, tables=tables)

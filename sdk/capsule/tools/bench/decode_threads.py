@@ -12,7 +12,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,14 +24,14 @@ THREADS = (1, 2)
 PREFILL_TOKENS = 512
 STEPS, QUICK_STEPS = 32, 8
 REPS, QUICK_REPS = 3, 1
+Prompt = Callable[[Any, int, int], str]
 
 
-def _one(s: Session, rep: int, steps: int) -> tuple[float, list[float]]:
+def _one(s: Session, rep: int, steps: int, prompt: Prompt) -> tuple[float, list[float]]:
     """(prefill seconds of a fresh PREFILL_TOKENS prompt, batch-1 decode step seconds)."""
-    from .decode import robot_prompt   # decode.py imports this module: not at import time
     clock = make_clock(torch.device("cpu"))
     name = f"threads-{rep}"
-    s.append(robot_prompt(s.tokenizer, PREFILL_TOKENS, seed=rep), stream=name)
+    s.append(prompt(s.tokenizer, PREFILL_TOKENS, seed=rep), stream=name)
     t0 = clock()
     s.generate(1, stream=name)
     prefill = clock() - t0
@@ -41,7 +41,7 @@ def _one(s: Session, rep: int, steps: int) -> tuple[float, list[float]]:
     return prefill, [dt for n, dt in samples if n == 1]
 
 
-def measure(opts: BenchOptions, show: bool = True) -> dict[str, Any]:
+def measure(opts: BenchOptions, prompt: Prompt, show: bool = True) -> dict[str, Any]:
     """One row per thread count; `cores` and `load_average` say what the machine offered."""
     steps = QUICK_STEPS if opts.quick else STEPS
     reps = QUICK_REPS if opts.quick else REPS
@@ -56,12 +56,12 @@ def measure(opts: BenchOptions, show: bool = True) -> dict[str, Any]:
             try:
                 for t, s in sessions.items():    # untimed warm-up of the same shapes
                     torch.set_num_threads(t)
-                    _one(s, -1, 2)
+                    _one(s, -1, 2, prompt)
                     bar.update(1)
                 for r in range(reps):
                     for t, s in sessions.items():
                         torch.set_num_threads(t)  # sessions share the process: set per turn
-                        prefill, step = _one(s, r, steps)
+                        prefill, step = _one(s, r, steps, prompt)
                         got[t]["prefill"].append(prefill)
                         got[t]["steps"] += step
                         bar.update(1)
@@ -92,11 +92,12 @@ def _load() -> float | None:
 
 
 def report(opts: BenchOptions, results: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
-           device: torch.device) -> None:
-    """The decode suite's hook: on CPU, the thread-count measurement into its results and tables."""
+           device: torch.device, prompt: Prompt) -> None:
+    """The decode suite's hook: on CPU, the thread-count measurement into its results and tables.
+    prompt: the suite's prompt maker (tokenizer, n_tokens, seed) -> text."""
     if device.type != "cpu":
         return
-    results["threads"] = measure(opts, opts.progress)
+    results["threads"] = measure(opts, prompt, opts.progress)
     load = results["threads"]["load_average_1m"]
     title = (f"CPU threads ({results['threads']['cores']} cores, load average "
              f"{'n/a' if load is None else f'{load:.2f}'} at the start)")
