@@ -43,3 +43,7 @@ class UnknownStream(CapsuleError, KeyError):
 
     def __str__(self) -> str:   # KeyError would show the message quoted
         return str(self.args[0]) if self.args else ""
+
+
+class ChatTemplateError(TokenizerError):
+    """A model's chat template is missing, too large, or failed to render (the message names the model)."""

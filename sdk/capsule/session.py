@@ -22,7 +22,7 @@ import os
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from .memory.facts import Fact, Memory, MemoryConfig
 from .policy.actor import Actor
 from .session_gate import CapsuleGate
 from .session_host import HostPart
-from .session_llm import LLMPart, generate_args
+from .session_llm import LLMPart, generate_args, guarded
 from .state.checkpointer import Checkpointer
 from .state.regions import RegionRegistry
 from .store import EpochInfo, Store
@@ -54,7 +54,7 @@ class Session:
         self._llm_part = llm
         self._actor = actor
         self._host = HostPart(checkpointer, llm, actor)
-        self._gate = CapsuleGate(checkpointer, store, self._host.capture, self._host.restore)
+        self._gate = CapsuleGate(checkpointer, store, *guarded(llm, self._host.capture, self._host.restore))
         # a capsule taken with wait=False is durable once written: if the app exits without
         # close(), close at interpreter exit (the writer is a daemon thread) instead of losing it
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self), os.getpid())
@@ -94,6 +94,8 @@ class Session:
 
     def close(self) -> None:
         """Wait for pending background checkpoints, then release the store. Raises a write failure."""
+        if self._llm_part is not None:
+            self._llm_part.check_not_in_callback()
         if self._gate.close():
             atexit.unregister(self._at_exit)
 
@@ -113,9 +115,17 @@ class Session:
         with self._gate.llm_section():
             self._llm().append(stream, text, system)
 
+    def chat(self, role: str, text: str, *, stream: str = "main") -> None:
+        """Append a turn ("system" first only, "user", "assistant") formatted by the model's chat
+        template; a user turn opens the assistant's: generate() writes the reply, which joins the
+        conversation, until the end-of-turn token. No template: ChatTemplateError (use append)."""
+        with self._gate.llm_section():
+            self._llm().chat(stream, role, text)
+
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None, memory_k: int = 0) -> str | dict[str, str]:
+                 stop: str | Sequence[str] | None = None, memory_k: int = 0,
+                 on_token: Callable[[str, str], None] | None = None) -> str | dict[str, str]:
         """Generate up to max_new_tokens and return the new text (without a stop string or EOS).
 
         Greedy when temperature is 0. `seed` reseeds the stream's generator; without it a
@@ -127,10 +137,14 @@ class Session:
         memory_k: inject the K/V of the k facts most relevant to the user's turn (the text
         appended since the model last spoke) into the stream's memory region first (replacing
         the facts injected before); 0 leaves the region as it is (see clear_memory).
+        on_token(stream, piece): called in the decode loop with each reply as it grows; the pieces
+        join to the reply. Keep it quick; it must not call the Session (ValueError: the lock is
+        held). If it raises, decoding stops and the error propagates (the stream stays consistent).
         """
-        names, params, stops = generate_args(max_new_tokens, stream, temperature, top_p, seed, stop, memory_k)
+        names, params, stops = generate_args(max_new_tokens, stream, temperature, top_p, seed, stop,
+                                             memory_k, on_token)
         with self._gate.llm_section():
-            replies = self._llm().generate(names, max_new_tokens, params, seed, stops, memory_k)
+            replies = self._llm().generate(names, max_new_tokens, params, seed, stops, memory_k, on_token)
         return replies[names[0]] if isinstance(stream, str) else replies
 
     def tokens(self, stream: str = "main") -> list[int]:
@@ -304,6 +318,7 @@ class Session:
         self._gate.check_open()
         if self._llm_part is None:
             raise ValueError("this Session has no model (opened with model=None)")
+        self._llm_part.check_not_in_callback()
         return self._llm_part
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..tokenize import IncrementalTokenizer
+from .chat_template import ChatState
 from .kv_pool import BlockTable, KVPool
 from .region import Region, mark_holes
 
@@ -49,6 +50,8 @@ class Stream:
     # the user's turn: (non-system) text appended since the model last spoke, the query that
     # picks the memory facts (Engine.append)
     last_user: str = ""
+    # the conversation Session.chat formats with the model's template (None: no chat turn yet)
+    chat: ChatState | None = None
 
     @classmethod
     def new(cls, name: str, pool: KVPool, tok: IncrementalTokenizer) -> "Stream":
@@ -116,7 +119,8 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
                      "generated": len(s.generated), "tokenizer": tok_meta,
                      "generator_device": None if gen is None else str(gen.device),
                      "system_chars": s.system_chars,
-                     "region": s.region.to_json() if s.region is not None else None})
+                     "region": s.region.to_json() if s.region is not None else None,
+                     "chat": s.chat.to_json() if s.chat is not None else None})
         for key, blob in tok_blobs.items():   # "ids" -> ids/<name>, "ids/3" -> ids.3/<name>
             kind, _, k = key.partition("/")
             blobs[f"{kind}.{k}/{s.name}" if k else f"{kind}/{s.name}"] = blob
@@ -225,13 +229,19 @@ def import_streams(engine: "Engine", meta: list, blobs: dict[str, bytes]) -> Cal
         table.blocks, table.num_cached = blocks.tolist(), num_cached
         used.update(table.blocks)
         pending = blobs.get(f"pending/{name}", b"").decode("utf-8", "surrogatepass")
+        chat = None   # capsules from before Session.chat have no "chat" field
+        if m.get("chat") is not None:
+            try:
+                chat = ChatState.from_json(m["chat"], tok.num_chars + len(pending))
+            except ValueError as exc:
+                raise ValueError(f"stream {name!r}: {exc}") from None
         streams[name] = Stream(name, table, tok, generated.tolist(),
                                _generator(m.get("generator_device"), blobs.get(f"rng/{name}"), device),
                                pending=pending,
                                system_chars=_int_field(m, "system_chars", 0, tok.num_chars),
                                region=region,
                                last_user=blobs.get(f"user/{name}", b"").decode("utf-8", "surrogatepass"),
-                               tail=_tail(name, blobs.get(f"tail/{name}", b"")))
+                               tail=_tail(name, blobs.get(f"tail/{name}", b"")), chat=chat)
 
     def install() -> None:
         engine.streams = streams
