@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser("demo", parents=[common], help="short end-to-end run with timings")
-    demo.add_argument("--model", default="builtin:tiny", help="builtin:<preset> or a checkpoint folder")
+    demo.add_argument("--model", default="smollm2-135m",
+                      help="smollm2-135m (trained, the default), a .gguf file, a checkpoint folder or builtin:<preset>")
     demo.add_argument("--tokenizer", default=None,
                       help="family name or tokenizer file (default: the model's own, cl100k_base for builtin)")
     demo.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")

@@ -16,6 +16,12 @@ TRANSCRIPT = ("system: you are the planner of a mobile manipulator.\n"
               "user: careful, it is fragile\n"
               "robot:")
 SECOND_STREAM = "user: what is the battery level?\nrobot:"
+# the same conversation as chat turns, for a model with a chat template (the trained default)
+SYSTEM = "You are the planner of a mobile manipulator. Answer in one or two short sentences."
+TURN = ("The red cup is on the kitchen table, 3.2 m away, and it is fragile. "
+        "Bring it to me and tell me your plan.")
+SECOND_TURN = "What is your battery level?"
+FOLLOW_UP = "Careful, it is fragile. How will you grasp it?"
 NEW_TOKENS = 24
 
 
@@ -32,12 +38,25 @@ def _memory(s: Session, echo: Callable[[str], None]) -> None:
     for fact in FACTS:
         s.remember(fact)
     echo(f"remember {_ms(time.perf_counter() - t0)}  ({len(FACTS)} facts: K/V computed once, stored)")
-    s.append("user: where do I charge you?\nrobot:", stream="ask")
+    _say(s, "where do I charge you?", "user: where do I charge you?\nrobot:", "ask")
     t0 = time.perf_counter()
-    s.generate(1, stream="ask", memory_k=2)
+    first = s.generate(1, stream="ask", memory_k=2)
     took = time.perf_counter() - t0
     injected = [f.text for f in s.recall("where do I charge you?", k=2)]
     echo(f"memory   {_ms(took)}  (first token with 2 facts' K/V injected, not prefilled: {injected})")
+    echo(f"answer   {(first + s.generate(NEW_TOKENS, stream='ask')).strip()[:96]!r}")
+
+
+def _chat(s: Session) -> bool:
+    return s.model_info is not None and s.model_info.chat_template is not None
+
+
+def _say(s: Session, turn: str, transcript: str, stream: str = "main") -> None:
+    """A user turn: through the model's chat template when it has one, else as transcript text."""
+    if _chat(s):
+        s.chat("user", turn, stream=stream)
+    else:
+        s.append(transcript, stream=stream)
 
 
 def _control(path: Path, device: str, echo: Callable[[str], None]) -> None:
@@ -53,7 +72,7 @@ def _control(path: Path, device: str, echo: Callable[[str], None]) -> None:
              f"{st.checkpoints} capsules (stall p99 {st.checkpoint_stall_p99_ms:.2f} ms)")
 
 
-def run_demo(*, model: str = "builtin:tiny", tokenizer: str | None = "cl100k_base", device: str = "auto",
+def run_demo(*, model: str = "smollm2-135m", tokenizer: str | None = None, device: str = "auto",
              store: str | None = None, echo: Callable[[str], None] = print) -> None:
     """Open a Session, append, generate one stream then two together, remember and inject facts,
     take a capsule and restore it in a fresh Session, run a policy in a 100 Hz loop; print what
@@ -71,36 +90,42 @@ def run_demo(*, model: str = "builtin:tiny", tokenizer: str | None = "cl100k_bas
             rt = s.profile.runtime
             echo(f"profile  {s.profile.name}: {s.profile.device}, {rt.dtype}, batch buckets "
                  f"{list(rt.batch_buckets)}, cuda graphs {'on' if rt.cuda_graphs else 'off'}")
-            echo(f"model    {model} with tokenizer {s.tokenizer.name}")
+            tok = "its own" if s.tokenizer.name.startswith("file:") else s.tokenizer.name
+            echo(f"model    {model}: {s.model_info.label or model}, tokenizer {tok}")
             if getattr(s.model_info, "untrained", False):
                 echo("note     builtin models are seeded random UNTRAINED weights: the text below is gibberish;"
                      " the timings are real")
             echo(f"open     {_ms(t_open)}  (store {path}{'' if store else ', temporary: deleted afterwards'})")
 
             t0 = time.perf_counter()
-            s.append(TRANSCRIPT)
-            echo(f"append   {_ms(time.perf_counter() - t0)}  ({len(s.tokens())} tokens, exact tokenization)")
+            if _chat(s):   # the model's own chat template formats the turns
+                s.chat("system", SYSTEM)
+                s.chat("user", TURN)
+            else:
+                s.append(TRANSCRIPT)
+            echo(f"append   {_ms(time.perf_counter() - t0)}  ({len(s.tokens())} tokens, exact tokenization"
+                 f"{', chat template' if _chat(s) else ''})")
 
             t0 = time.perf_counter()
-            s.generate(1)  # the whole transcript is prefilled to get the first token
+            first = s.generate(1)  # the whole transcript is prefilled to get the first token
             t_prefill = time.perf_counter() - t0
             t0 = time.perf_counter()
-            reply = s.generate(NEW_TOKENS - 1)
+            reply = first + s.generate(NEW_TOKENS - 1)
             t_decode = time.perf_counter() - t0
             echo(f"prefill  {_ms(t_prefill)}  (prompt + first token)")
             echo(f"generate {_ms(t_decode)}  ({NEW_TOKENS - 1} more tokens, greedy: "
                  f"{t_decode / (NEW_TOKENS - 1) * 1e3:.2f} ms/token decode)")
-            echo(f"reply    {reply[:72]!r}")
+            echo(f"reply    {reply.strip()[:96]!r}")
 
-            s.append(SECOND_STREAM, stream="status")
-            s.append("\nrobot: grasping", stream="main")
+            _say(s, SECOND_TURN, SECOND_STREAM, "status")
+            _say(s, FOLLOW_UP, "\nrobot: grasping", "main")
             t0 = time.perf_counter()
             replies = s.generate(NEW_TOKENS, stream=["main", "status"])
             t_two = time.perf_counter() - t0
             echo(f"batch    {_ms(t_two)}  (2 streams x {NEW_TOKENS} tokens decoded together: "
                  f"{t_two / NEW_TOKENS * 1e3:.2f} ms/step)")
             for name, text in replies.items():
-                echo(f"  {name:<7}{text[:64]!r}")
+                echo(f"  {name:<7}{text.strip()[:88]!r}")
             _memory(s, echo)
             t0 = time.perf_counter()
             epoch = s.checkpoint()
