@@ -8,12 +8,13 @@ Quick use::
         print(s.generate(16))
 """
 from ._version import __version__
-from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatch, ModelLoadError,
-                     StoreError, TokenizerError, UnknownStream, UnsupportedArchitecture, VocabMismatch)
+from .errors import (CapacityError, CapsuleCorrupt, CapsuleError, CapsuleMismatch, ContextFull,
+                     ModelLoadError, StoreError, TokenizerError, UnknownStream, UnsupportedArchitecture,
+                     VocabMismatch)
 from .control import ControlLoop
 from .session import Session
 from .store.errors import UnsafeStore
 
-__all__ = ["__version__", "ControlLoop", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt", "CapsuleMismatch",
-           "ModelLoadError", "StoreError", "UnsafeStore", "TokenizerError", "UnknownStream",
-           "UnsupportedArchitecture", "VocabMismatch"]
+__all__ = ["__version__", "ControlLoop", "Session", "CapsuleError", "CapacityError", "CapsuleCorrupt",
+           "CapsuleMismatch", "ContextFull", "ModelLoadError", "StoreError", "UnsafeStore", "TokenizerError",
+           "UnknownStream", "UnsupportedArchitecture", "VocabMismatch"]

@@ -154,7 +154,7 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
                          use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda")
-    return LLMParts(Engine(runner, pool, tok), tok, info)
+    return LLMParts(Engine(runner, pool, tok, context_policy=rt.context_policy), tok, info)
 
 
 def build_actor(policy: str | os.PathLike, profile: devices.DeviceProfile,

@@ -30,6 +30,11 @@ class CapacityError(CapsuleError):
     """The KV pool, a stream or a batch ran out of room; the message names the limit."""
 
 
+class ContextFull(CapacityError, ValueError):
+    """A stream would pass runtime.max_context (a ValueError too, as it was before it had a type);
+    the message names the stream, the positions and the ways out."""
+
+
 class CapsuleMismatch(CapsuleError):
     """A capsule was taken against another model, tokenizer or buffer layout."""
 

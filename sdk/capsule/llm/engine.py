@@ -4,9 +4,14 @@ A stream's token ids are the reference tokenizer's ids of its text (held by its 
 tokenizer, the one copy), followed by whatever the model generated since the last append.
 K/V is cached for ids[:table.num_cached]. An append costs the window the tokenizer re-encodes,
 never the history. Not thread-safe: the Session serializes calls.
+
+A stream that would pass max_context follows the context policy (context_shift.py): "error"
+raises ContextFull with nothing changed; "shift" drops the stream's oldest non-system tokens
+first (the kept K/V are rotated copies, not a fresh prefill: see context_shift.py).
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Sequence
 
@@ -14,9 +19,10 @@ import torch
 
 from edge_kernels.rope import check_reinjectable
 
-from ..errors import UnknownStream
+from ..errors import ContextFull, UnknownStream
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from ..tokenize.splice import common
+from .context_shift import ShiftPlan, apply_shift, check_policy, folded_text, full_error, plan_shift
 from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
@@ -26,14 +32,23 @@ from .streams import Stream, check_stream_name, split_incomplete
 
 MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)
 OnToken = Callable[[str, str], None]   # (stream name, text piece), see Engine.generate
+log = logging.getLogger("capsule")
 
 
 class Engine:
     """Append text, generate tokens; owns the streams, shares the pool and runner."""
 
-    def __init__(self, runner: GraphRunner, pool: KVPool, tokenizer: ReferenceTokenizer):
+    def __init__(self, runner: GraphRunner, pool: KVPool, tokenizer: ReferenceTokenizer,
+                 context_policy: str = "error"):
         self.runner, self.pool, self.tokenizer = runner, pool, tokenizer
         self.streams: dict[str, Stream] = {}
+        self.context_policy = check_policy(context_policy)
+        if context_policy == "shift":   # kept keys are re-rotated: the rotation must be p-only
+            check_reinjectable(runner.model.cfg.rope)
+        # context shifts per stream done by this engine, and the last one (process stats, not
+        # capsule state)
+        self.shifts: dict[str, int] = {}
+        self.last_shift: ShiftPlan | None = None
 
     def stream(self, name: str) -> Stream:
         check_stream_name(name)
@@ -61,19 +76,29 @@ class Engine:
 
         def admit(n: int) -> None:   # the tokenizer asks before it changes anything
             if s.table.slot_end(n) > max_context:
-                raise ValueError(f"stream {name!r} would span {s.table.slot_end(n)} positions; "
-                                 f"max_context is {max_context} (raise runtime.max_context)")
+                raise full_error(name, f"would span {s.table.slot_end(n)} positions", max_context)
         canonical = s.tok.num_tokens
+        generated_since = bool(s.pending or s.tail)
         # a reply that ended inside a character: its bytes join the text now, as U+FFFD; the
         # generated text joins the canonical text here, re-tokenized with the rest
-        sp = s.tok.append(s.pending + s.tail.decode("utf-8", errors="replace") + text, admit)
-        # the K/V holds (old canonical ids + generated); the ids are now old[:keep] + sp.ids,
-        # keep as large as possible: past the old canonical ids only if the generated ones match
-        keep = sp.keep
-        if keep == canonical and s.generated:
-            keep += common(s.generated, sp.ids)
-        s.table.truncate(keep)          # a re-tokenized seam invalidates the K/V after it
-        generated_since = bool(s.pending or s.tail)
+        folded = s.pending + s.tail.decode("utf-8", errors="replace") + text
+        try:
+            sp = s.tok.append(folded, admit)
+        except ContextFull:
+            if self.context_policy != "shift":
+                raise
+            if system:   # a shift keeps the system prefix whole: it cannot make room for it
+                raise ContextFull(f"stream {name!r}: its system prefix would not fit max_context "
+                                  f"{max_context}; shorten it or raise runtime.max_context") from None
+            # the appended text is in the shifted one
+            self._apply_shift(s, self._plan_shift(s, s.tok.text + folded, 0))
+        else:
+            # the K/V holds (old canonical ids + generated); the ids are now old[:keep] + sp.ids,
+            # keep as large as possible: past the old canonical ids only if the generated ones match
+            keep = sp.keep
+            if keep == canonical and s.generated:
+                keep += common(s.generated, sp.ids)
+            s.table.truncate(keep)          # a re-tokenized seam invalidates the K/V after it
         self.streams[name] = s
         s.generated.clear()
         s.pending, s.tail = "", b""
@@ -88,19 +113,17 @@ class Engine:
     def memory_room(self, name: str, region_tokens: int, max_new_tokens: int) -> tuple[int, int]:
         """(positions the stream's region holds, pool blocks the stream needs beyond those it
         holds to reserve and fill its region, re-prefill and generate max_new_tokens): raises
-        ValueError, with nothing changed, if the stream is empty or would not fit max_context."""
+        ValueError if the stream is empty, ContextFull if it would not fit max_context, with
+        nothing changed. Under the "shift" policy a stream that would not fit is shifted first."""
         s = self.stream(name)
-        if s.region is not None:
-            if not s.n_ids:
-                raise ValueError(f"stream {name!r} is empty; append text before generating")
-            size, end = s.region.size, s.table.slot_end(s.n_ids)
-        else:
-            _, size, end = self._plan_region(s, region_tokens)
+        size, end, gap, gap_at = self._region_room(s, region_tokens)
         if end + max_new_tokens > self.runner.max_context:
-            raise ValueError(f"stream {name!r} spans {end} positions with its memory region; "
-                             f"{max_new_tokens} more exceed max_context {self.runner.max_context} "
-                             "(generate fewer tokens, lower MemoryConfig.region_tokens or raise "
-                             "runtime.max_context)")
+            if self.context_policy != "shift":
+                raise full_error(name, f"spans {end} positions with its memory region; {max_new_tokens} "
+                                 "more would exceed max_context", self.runner.max_context,
+                                 "generate fewer tokens, lower MemoryConfig.region_tokens")
+            self._apply_shift(s, self._plan_shift(s, folded_text(s), max_new_tokens, gap, gap_at))
+            size, end, _, _ = self._region_room(s, region_tokens)
         return size, -(-(end + max_new_tokens) // self.pool.block_size) - len(s.table.blocks)
 
     def drop(self, name: str) -> None:
@@ -135,23 +158,42 @@ class Engine:
             raise
         return True
 
-    def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
-        """(gap_at, size, positions the stream spans then) of a region reserved now, right after
-        the system prefix's ids; ValueError if the stream is empty or could not hold it."""
+    def _region_room(self, s: Stream, region_tokens: int) -> tuple[int, int, int, int]:
+        """(region size, positions the stream spans, positions its ids after the prefix sit
+        behind, the prefix's ids) with its region, held or reserved now, right after the system
+        prefix's ids; ValueError if the stream is empty."""
         if not s.n_ids:
             raise ValueError(f"stream {s.name!r} is empty; append text before generating")
+        if s.region is not None:
+            return s.region.size, s.table.slot_end(s.n_ids), s.table.gap, s.region.gap_at
         gap_at = 0
         if s.system_chars:
             system_ids = self.tokenizer.encode(s.tok.text_slice(0, s.system_chars))
             gap_at = common(system_ids, s.ids_slice(0, len(system_ids)))
         start, size = span(gap_at, region_tokens, self.pool.block_size)
-        end = start + size + s.n_ids - gap_at
+        return size, start + size + s.n_ids - gap_at, start + size - gap_at, gap_at
+
+    def _plan_region(self, s: Stream, region_tokens: int) -> tuple[int, int, int]:
+        """(gap_at, size, positions the stream spans then) of a region reserved now;
+        ContextFull if the stream could not hold it."""
+        size, end, _, gap_at = self._region_room(s, region_tokens)
         if end > self.runner.max_context:
-            raise ValueError(f"stream {s.name!r} with a {region_tokens}-token memory region "
-                             f"would span {end} positions; max_context is "
-                             f"{self.runner.max_context} (lower MemoryConfig.region_tokens or "
-                             "raise runtime.max_context)")
+            raise full_error(s.name, f"with a {region_tokens}-token memory region would span {end} "
+                             "positions", self.runner.max_context, "lower MemoryConfig.region_tokens")
         return gap_at, size, end
+
+    def _plan_shift(self, s: Stream, text: str, room: int, gap: int | None = None,
+                    gap_at: int = 0) -> ShiftPlan:
+        return plan_shift(s, self.tokenizer, text, room=room, gap=gap, gap_at=gap_at,
+                          max_context=self.runner.max_context)
+
+    def _apply_shift(self, s: Stream, plan: ShiftPlan) -> None:
+        model = self.runner.model
+        apply_shift(s, plan, model.rope_cos, model.rope_sin)
+        self.shifts[s.name] = self.shifts.get(s.name, 0) + 1
+        self.last_shift = plan
+        log.info("stream %r: context shift dropped %d ids (%d chars), kept %d (K/V of %d moved)",
+                 s.name, plan.dropped, plan.dropped_chars, plan.n_ids, plan.moved)
 
     def generate(self, names: Sequence[str], max_new_tokens: int, params: SamplingParams,
                  seed: int | None, stop: Sequence[str], on_token: OnToken | None = None) -> dict[str, str]:
@@ -162,12 +204,17 @@ class Engine:
         the streams keep what was generated (ids and text together) and the error propagates.
         """
         streams = [self.stream(n) for n in names]
-        for s in streams:  # validate every stream before touching any generator
+        shifts = []
+        for s in streams:  # validate (and plan every shift) before touching any generator
             if not s.n_ids:
                 raise ValueError(f"stream {s.name!r} is empty; append text before generating")
             if s.table.slot_end(s.n_ids + max_new_tokens) > self.runner.max_context:
-                raise ValueError(f"stream {s.name!r} spans {s.table.slot_end(s.n_ids)} positions; "
-                                 f"{max_new_tokens} more exceed max_context {self.runner.max_context}")
+                if self.context_policy != "shift":
+                    raise full_error(s.name, f"spans {s.table.slot_end(s.n_ids)} positions; {max_new_tokens} "
+                                     "more would exceed max_context", self.runner.max_context)
+                shifts.append((s, self._plan_shift(s, folded_text(s), max_new_tokens)))
+        for s, plan in shifts:
+            self._apply_shift(s, plan)
         for s in streams:
             self._prepare_generator(s, params, seed)
         # a character the last reply ended inside is completed by this one (s.tail)
