@@ -21,7 +21,8 @@ from capsule import Session
 
 TASKS = ["bring me the red cup", "open the door", "go to the charger", "put the cup in the sink",
          "what is your battery level?", "tidy up the table"]
-SYSTEM = "You are a home robot. Answer in one short sentence saying what you will do."
+SYSTEM = ("You are Robo, a home robot with wheels and two arms. When the user asks for something, "
+          "reply with one sentence that says which action you take.")
 
 
 def parse() -> argparse.Namespace:
@@ -66,7 +67,7 @@ def main() -> None:
                 task = TASKS[step % len(TASKS)]
                 if chat:
                     s.chat("user", task)
-                    reply = s.generate(args.reply_tokens, temperature=0.7, top_p=0.9,
+                    reply = s.generate(args.reply_tokens, temperature=0.8, top_p=0.95,
                                        seed=1 if step == 0 else None)
                 else:
                     s.append(f"user: {task}\nrobot:")

@@ -23,7 +23,9 @@ stream drops its oldest non-system tokens and keeps the newest. Exactly what a s
   taken before the shift gives back the unshifted stream.
 - How much: at least what the request needs, and at least half of the droppable tokens
   (llama.cpp's n_discard = n_past / 2), so that shifts stay rare; one token after the system
-  prefix is always kept.
+  prefix is always kept. The cut then moves on to the start of the next turn (a special token
+  such as a chat template's <|im_start|>, else the token after a newline) when there is one, so
+  the kept text begins with a whole turn.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from .kv_pool import BlockTable
 from .streams import Stream
 
 MAX_CUT_TRIES = 64     # cuts tried, a token apart, before a shift gives up
+MAX_TURN_SCAN = 1024   # tokens past the plain cut searched for the start of a turn
 MAX_HEAD_TRIES = 8     # tokens past the system prefix's own ids, when its last one joins the text
 MOVE_CHUNK = 512       # tokens moved per pass: bounds the temporary copy (T, L, 2, KV, hd)
 
@@ -104,7 +107,8 @@ def plan_shift(s: Stream, tokenizer: ReferenceTokenizer, text: str, *, room: int
         raise _cannot(s.name, f"its system prefix holds {head} ids, its memory region {gap} positions "
                       f"and {n - head} more ids; with {room} more positions it cannot fit", max_context)
     first = head + min(max(need, droppable // 2), droppable - 1)
-    for cut in range(first, min(first + MAX_CUT_TRIES, n)):
+    turn = _turn_start(tokenizer, ids, first, n)
+    for cut in ([turn] if turn is not None else []) + list(range(first, min(first + MAX_CUT_TRIES, n))):
         try:
             kept = tokenizer.decode_bytes(ids[cut:]).decode("utf-8")
         except UnicodeDecodeError:   # the cut splits a character
@@ -122,6 +126,21 @@ def plan_shift(s: Stream, tokenizer: ReferenceTokenizer, text: str, *, room: int
     moved = max(0, valid - cut) if valid >= head else 0
     return ShiftPlan(new_text, head, cut, head + n - cut, head + moved if valid >= head else valid,
                      moved, len(text) - len(new_text))
+
+
+def _turn_start(tokenizer: ReferenceTokenizer, ids: list[int], first: int, n: int) -> int | None:
+    """The first cut at or after `first` that starts a turn: at a special token (a chat
+    template's <|im_start|>, <|start_header_id|>, ...) or after a newline, within the tokens a
+    shift may drop (one is always kept). So the kept text begins with a whole turn, not with
+    the tail of a reply; None: no such cut, the plain cut is used."""
+    specials = set(tokenizer.special_tokens.values())
+    for cut in range(first, min(n - 1, first + MAX_TURN_SCAN) + 1):
+        if cut < n and ids[cut] in specials and ids[cut] not in tokenizer.eos_ids:
+            return cut
+    for cut in range(max(first, 1), min(n - 1, first + MAX_TURN_SCAN) + 1):
+        if tokenizer.decode_bytes([ids[cut - 1]]).endswith(b"\n"):
+            return cut
+    return None
 
 
 def apply_shift(s: Stream, plan: ShiftPlan, cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
