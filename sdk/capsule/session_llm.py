@@ -13,7 +13,8 @@ from typing import Callable, TypeVar
 from .assembly import LLMParts
 from .llm import ModelInfo, SamplingParams
 from .llm.chat_template import ChatState, ChatTemplate, next_turn, template_variables
-from .llm.engine import Engine, OnToken
+from .llm.engine import Engine
+from .llm.replies import OnToken
 from .llm.streams import check_stream_name
 from .memory.facts import Memory
 from .session_memory import MemoryPart

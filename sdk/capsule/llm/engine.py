@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -27,11 +27,11 @@ from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, make_generator
+from .replies import OnToken, ReplyPieces, cut_at_stop
 from .streams import Stream, check_stream_name, split_incomplete
 
 
 MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)
-OnToken = Callable[[str, str], None]   # (stream name, text piece), see Engine.generate
 log = logging.getLogger("capsule")
 
 
@@ -200,7 +200,7 @@ class Engine:
         """Generate up to max_new_tokens for each stream, decoding all of them in one batch per step.
 
         on_token(name, piece), called on this thread as the replies grow: each stream's pieces,
-        in order, join to exactly its returned reply (see _Pieces). If it raises, decoding stops,
+        in order, join to exactly its returned reply (see ReplyPieces). If it raises, decoding stops,
         the streams keep what was generated (ids and text together) and the error propagates.
         """
         streams = [self.stream(n) for n in names]
@@ -221,7 +221,7 @@ class Engine:
         out = {s.name: bytearray(s.tail) for s in streams}
         eos = set(self.tokenizer.eos_ids)
         texts: dict[str, str] = {}
-        pieces = _Pieces(on_token, stop) if on_token is not None else None
+        pieces = ReplyPieces(on_token, stop) if on_token is not None else None
         try:
             self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop], eos, pieces)
         finally:
@@ -234,14 +234,14 @@ class Engine:
         # a session restored from a capsule has not needed the encoder yet: build it while the
         # robot acts on this reply, so the next append does not pay for it
         self.tokenizer.prefetch()
-        replies = {s.name: _cut_at_stop(texts[s.name], stop, self.tokenizer, s.last_id in eos) for s in streams}
+        replies = {s.name: cut_at_stop(texts[s.name], stop, self.tokenizer, s.last_id in eos) for s in streams}
         for s in streams if pieces is not None else ():
             pieces.finish(s.name, replies[s.name])   # what was held until the reply ended
         return replies
 
     def _generate_loop(self, streams: list[Stream], out: dict[str, bytearray], max_new_tokens: int,
                        params: SamplingParams, stops: list[bytes], eos: set[int],
-                       pieces: "_Pieces | None") -> None:
+                       pieces: "ReplyPieces | None") -> None:
         logits = torch.stack([self._prefill_pending(s) for s in streams])          # (n, V)
         active = list(streams)
         for step in range(max_new_tokens):
@@ -304,48 +304,3 @@ class Engine:
                         tuple(s.table.blocks), s.table.skip)
         s.table.num_cached = i + 1
         return row
-
-
-class _Pieces:
-    """The replies' text for an on_token callback while decoding: never a split UTF-8 character
-    (incomplete bytes wait for the rest) and never text a stop string may still take back (a
-    tail that could start one waits until it is decided); the EOS token's text is the token
-    that ends a reply, so it never reaches step. Each stream's pieces join to its reply."""
-
-    def __init__(self, on_token: OnToken, stops: Sequence[str]):
-        self.on_token, self.stops = on_token, list(stops)
-        self.read: dict[str, int] = {}    # bytes of out decoded so far
-        self.held: dict[str, str] = {}    # decoded text not handed out yet
-        self.sent: dict[str, int] = {}    # characters handed out
-
-    def step(self, name: str, out: bytearray) -> None:
-        """After a token that did not end the reply."""
-        complete, _ = split_incomplete(bytes(out[self.read.get(name, 0):]))
-        self.read[name] = self.read.get(name, 0) + len(complete)
-        text = self.held.get(name, "") + complete.decode("utf-8", errors="replace")
-        # a stop string's start at the end; or a whole one the bytes did not show (U+FFFD)
-        cut = min([len(text) - k for x in self.stops for k in range(1, len(x)) if text.endswith(x[:k])]
-                  + [i for i in (text.find(x) for x in self.stops) if i >= 0], default=len(text))
-        self.held[name] = text[cut:]
-        self._send(name, text[:cut])
-
-    def finish(self, name: str, reply: str) -> None:
-        self._send(name, reply[self.sent.get(name, 0):])
-
-    def _send(self, name: str, piece: str) -> None:
-        if piece:
-            self.sent[name] = self.sent.get(name, 0) + len(piece)
-            self.on_token(name, piece)
-
-
-def _cut_at_stop(text: str, stop: Sequence[str], tokenizer: ReferenceTokenizer, ended_on_eos: bool) -> str:
-    """The reply as returned to the caller: without the stop string or the end-of-sequence token."""
-    cut = min((i for i in (text.find(x) for x in stop) if i >= 0), default=-1)
-    if cut >= 0:
-        return text[:cut]
-    if ended_on_eos:
-        for eos_id in tokenizer.eos_ids:
-            tail = tokenizer.decode_bytes([eos_id]).decode("utf-8", errors="replace")
-            if text.endswith(tail):
-                return text[: len(text) - len(tail)]
-    return text
