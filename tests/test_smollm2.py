@@ -99,3 +99,32 @@ def test_capsule_mid_generation_continues_in_a_fresh_process(tmp_path):
                          env={**os.environ, "PYTHONPATH": f"{sdk / 'sdk'}:{sdk}"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == twin
+
+
+def test_a_chat_that_shifts_out_of_its_context_restores_and_continues(tmp_path):
+    """A chat that starts after plain text, in a context that shifts: the capsule restores (its
+    saved chat state stays inside the shifted text) and continues as the uninterrupted twin."""
+    runtime = {"max_context": 256, "context_policy": "shift"}
+
+    def turns(s, steps):
+        out = []
+        for i in steps:
+            s.chat("user", f"Task {i}: move box {i} to shelf {i % 3}. What do you do?")
+            out.append(s.generate(24, temperature=0.8, seed=i))
+        return out
+    twin_path, cut_path = tmp_path / "twin", tmp_path / "cut"
+    for path in (twin_path, cut_path):
+        with Session.open(path, model="smollm2-135m", device="cpu", runtime=runtime) as s:
+            s.append("robot log: battery 81%, gripper ok\n")
+            s.chat("user", "Hello robot.")
+            s.generate(8, seed=0)
+            first = turns(s, range(6))
+            assert len(s.tokens()) < 256 and not s.text().startswith("robot log")   # shifted
+            s.checkpoint()
+            if path == twin_path:
+                twin = turns(s, range(6, 9))
+    with Session.open(cut_path, model="smollm2-135m", device="cpu", runtime=runtime) as s:
+        assert s.restored_epoch is not None
+        assert turns(s, range(6, 9)) == twin
+        assert s.tokens() == s.tokenizer.encode(s.text())
+    assert first

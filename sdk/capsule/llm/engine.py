@@ -11,6 +11,7 @@ first (the kept K/V are rotated copies, not a fresh prefill: see context_shift.p
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Sequence
@@ -190,6 +191,11 @@ class Engine:
     def _apply_shift(self, s: Stream, plan: ShiftPlan) -> None:
         model = self.runner.model
         apply_shift(s, plan, model.rope_cos, model.rope_sin)
+        if s.chat is not None:   # the chat's start moves with the text; its first turns are gone
+            start = s.chat.start
+            if start > s.system_chars:
+                start = max(s.system_chars, start - plan.dropped_chars)
+            s.chat = dataclasses.replace(s.chat, start=start, exact=False)
         self.shifts[s.name] = self.shifts.get(s.name, 0) + 1
         self.last_shift = plan
         log.info("stream %r: context shift dropped %d ids (%d chars), kept %d (K/V of %d moved)",
