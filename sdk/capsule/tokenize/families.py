@@ -152,7 +152,7 @@ def tiktoken_file(path: Path, pattern: str, special_tokens: Mapping[str, int]) -
 
 # ---- tokenizer.json files ---------------------------------------------------------------------
 
-def _byte_alphabet() -> dict[str, int]:
+def byte_alphabet() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: byte-level BPE character -> byte."""
     bs = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     cs, n = list(bs), 0
@@ -222,7 +222,7 @@ def tokenizer_json(path: Path, name: str, eos: Sequence[str] = ()) -> Parts:
 
     byte_level = _is_byte_level(meta.get("decoder"))
     byte_fallback = has_decoder(meta.get("decoder"), "ByteFallback")
-    alphabet = _byte_alphabet()
+    alphabet = byte_alphabet()
     memo: dict[int, bytes] = {}   # id -> bytes; racing writers store equal values
     texts: list[Callable[[list[int]], list[str]]] = []   # built on the first decode
 

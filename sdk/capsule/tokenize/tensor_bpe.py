@@ -20,7 +20,7 @@ from edge_kernels.bpe import MergeTable, merge_pieces, table_from_merges, table_
 
 from ..errors import TokenizerError
 from . import registry
-from .families import _byte_alphabet
+from .families import byte_alphabet
 from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
 from .rules import CharInfo, rules_for
@@ -139,7 +139,7 @@ def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[byte
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     if any(len(m) != 2 for m in merges):
         raise TokenizerError(f"{name}: a merge is not a pair of tokens")
-    to_byte = _byte_alphabet()
+    to_byte = byte_alphabet()
     byte_chars = [""] * 256
     for ch, b in to_byte.items():
         byte_chars[b] = ch
