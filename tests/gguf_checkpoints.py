@@ -55,13 +55,15 @@ def random_blocks(shape: tuple[int, ...], qname: str, rng: np.random.Generator) 
 def write_gguf(path: Path, weights: dict[str, torch.Tensor], cfg: dict, arch: str, *,
                qtypes: dict[str, str] | None = None, default_qtype: str = "F32",
                extra: dict[str, object] | None = None, drop: tuple[str, ...] = (),
-               extra_tensors: dict[str, np.ndarray] | None = None, seed: int = 0) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None, seed: int = 0,
+               meta: dict[str, object] | None = None) -> Path:
     """Write HF `weights` (a state dict) with the HF config dict `cfg` as a GGUF of `arch`.
 
     qtypes: GGUF tensor name -> quantization type name (e.g. "Q8_0"); 2-D tensors not named get
     default_qtype, 1-D ones F32. extra: more metadata (key without the arch prefix -> value).
     drop: HF tensor names to leave out (a tied lm_head, say). extra_tensors: more F32 tensors
-    by GGUF name. K-quant tensors get random blocks (seeded), not the checkpoint's values."""
+    by GGUF name. K-quant tensors get random blocks (seeded), not the checkpoint's values.
+    meta: metadata under full keys (e.g. a tokenizer's tokenizer.ggml.*)."""
     import gguf
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
@@ -81,6 +83,9 @@ def write_gguf(path: Path, weights: dict[str, torch.Tensor], cfg: dict, arch: st
     if arch == "llama":
         writer.add_rope_dimension_count(head_dim)
     writer.add_chat_template("{{ messages[0]['content'] }}")
+    if meta:
+        from gguf_meta import add_meta
+        add_meta(writer, meta)
     for key, value in (extra or {}).items():
         if isinstance(value, str):
             writer.add_string(f"{arch}.{key}", value)

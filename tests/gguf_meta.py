@@ -34,6 +34,16 @@ def read_meta(path: str | Path) -> dict[str, object]:
 def write_gguf(path: Path, meta: Mapping[str, object]) -> Path:
     """A vocab-only GGUF (no tensors) holding ``meta``."""
     w = gguf.GGUFWriter(str(path), str(meta.get("general.architecture", "llama")))
+    add_meta(w, meta)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    return path
+
+
+def add_meta(w: "gguf.GGUFWriter", meta: Mapping[str, object]) -> None:
+    """Write metadata under its full keys (general.architecture is the writer's own)."""
     for key, v in meta.items():
         if key in ("general.architecture",):
             continue
@@ -47,11 +57,6 @@ def write_gguf(path: Path, meta: Mapping[str, object]) -> Path:
             w.add_string(key, v)
         else:
             w.add_array(key, list(v))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    return path
 
 
 def chitchat_texts(limit: int) -> list[str]:

@@ -327,3 +327,29 @@ def test_shapes_that_disagree_with_the_metadata_are_refused(tmp_path):
         load_model(_small(tmp_path / "c", extra_tensors={"extra.weight": np.ones(4)}))
     with pytest.raises(ModelLoadError, match="'blk.1.attn_norm.weight' and 'blk.01.attn_norm.weight' are both"):
         load_model(_small(tmp_path / "d", extra_tensors={"blk.01.attn_norm.weight": np.ones(64)}))
+
+
+def test_a_capsule_of_one_quantization_is_refused_by_another(tmp_path):
+    """Session level: the binding holds the GGUF file's sha256, and the message names both files
+    with their quantization."""
+    from capsule import CapsuleMismatch, Session
+    from gguf_checkpoints import hf_state, write_gguf
+    from gguf_meta import chitchat_texts, spm_meta
+    from hf_checkpoints import make_checkpoint
+
+    meta = spm_meta(chitchat_texts(300), n_merges=120)   # the files carry their own tokenizer
+    vocab = len(meta["tokenizer.ggml.tokens"])
+    weights, cfg = hf_state(make_checkpoint("llama", tmp_path / "hf", vocab_size=vocab))
+    files = {q: write_gguf(tmp_path / f"m.{q}.gguf", weights, cfg, "llama", default_qtype=q, meta=meta)
+             for q in ("Q8_0", "F16")}
+    store = tmp_path / "store"
+    with Session.open(store, model=files["Q8_0"], device="cpu") as s:
+        s.append("the robot picks up the cup")
+        s.generate(4)
+        s.checkpoint()
+    with pytest.raises(CapsuleMismatch) as err:
+        Session.open(store, model=files["F16"], device="cpu")
+    msg = str(err.value)
+    assert "m.Q8_0.gguf (llama, Q8_0)" in msg and "m.F16.gguf (llama, F16)" in msg, msg
+    with Session.open(store, model=files["Q8_0"], device="cpu") as s:   # its own still restores
+        assert s.restored_epoch is not None

@@ -207,8 +207,14 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
     if actor is not None:
         spec = actor.runner.spec
         layout["policy"] = f"{spec.name} ({spec.digest[:12]})"
-    return {"model": llm.info.source if llm else "none", "tokenizer": llm.tokenizer.name if llm else "none",
+    return {"model": _model_label(llm.info) if llm else "none", "tokenizer": llm.tokenizer.name if llm else "none",
             "layout": layout}
+
+
+def _model_label(info: ModelInfo) -> str:
+    """E.g. "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1) at /path/to/it.gguf": a GGUF's
+    quantization shows in a mismatch message."""
+    return f"{info.label} at {info.source}" if info.label and info.label != info.source else info.source
 
 
 def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
