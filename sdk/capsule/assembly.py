@@ -212,9 +212,10 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
 
 
 def _model_label(info: ModelInfo) -> str:
-    """E.g. "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1) at /path/to/it.gguf": a GGUF's
-    quantization shows in a mismatch message."""
-    return f"{info.label} at {info.source}" if info.label and info.label != info.source else info.source
+    """A GGUF's shows its quantization in a mismatch message: "SmolLM2-135M-Instruct.Q4_1.gguf
+    (llama, Q4_1) at /path/to/it.gguf"; a folder's or a builtin's is its source."""
+    gguf = info.source.lower().endswith(".gguf") and info.label
+    return f"{info.label} at {info.source}" if gguf else info.source
 
 
 def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
