@@ -45,7 +45,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"error: unknown bench suite {args.suite!r}; available: {', '.join(sorted(SUITES))}",
               file=sys.stderr)
         return 2
-    opts = BenchOptions(model=args.model, device=args.device, quick=args.quick, steps=args.steps)
+    only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
+    opts = BenchOptions(model=args.model, device=args.device, quick=args.quick, steps=args.steps, only=only)
     print(f"bench {args.suite}: model {opts.model}, device {opts.device}{', quick' if opts.quick else ''}",
           flush=True)
     run = run_suite(args.suite, opts, args.out)
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="output folder (default bench-results/<suite>-<time>/)")
     bench.add_argument("--quick", action="store_true", help="fewer sizes and steps")
     bench.add_argument("--steps", type=int, default=None, help="timed decode steps per batch size")
+    bench.add_argument("--only", default=None, metavar="SECTION,...",
+                       help="run only these sections of a suite that has them (memory: ttft, decode, "
+                            "recall, deviation, accuracy)")
     bench.set_defaults(func=_cmd_bench)
 
     memory = sub.add_parser("memory", parents=[common], help="manage a store's persistent memory facts")

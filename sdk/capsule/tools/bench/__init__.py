@@ -16,13 +16,15 @@ from .report import default_out_dir, write_report
 
 @dataclass(frozen=True)
 class BenchOptions:
-    """What the command line passes to every suite. steps=None lets the suite pick its default."""
+    """What the command line passes to every suite. steps=None lets the suite pick its default;
+    only: section names to run, for a suite with sections (SECTIONED); () runs them all."""
 
     model: str = "builtin:small"
     device: str = "auto"
     quick: bool = False
     steps: int | None = None
     progress: bool = True
+    only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -31,6 +33,8 @@ class BenchOptions:
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):
             raise ValueError(f"steps must be an int >= 1 (or None for the suite's default), got {self.steps!r}")
+        if not isinstance(self.only, tuple) or not all(isinstance(x, str) and x for x in self.only):
+            raise ValueError(f"only must be a tuple of section names, e.g. ('accuracy',), got {self.only!r}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,16 @@ SUITES: Mapping[str, Suite] = MappingProxyType({
     "memory": _lazy("memory"), "control": _lazy("control"), "reliability": _lazy("reliability")})
 
 
+SECTIONED = frozenset({"memory"})   # suites whose run honours BenchOptions.only
+
+
 def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) -> SuiteRun:
     """Run one suite and write results.json / results.md into out_dir (default bench-results/<suite>-<time>/)."""
     if name not in SUITES:
         raise ValueError(f"unknown bench suite {name!r}; available: {', '.join(sorted(SUITES))}")
+    if opts.only and name not in SECTIONED:
+        raise ValueError(f"suite {name!r} has no sections to choose from; --only works with: "
+                         f"{', '.join(sorted(SECTIONED))}")
     result = SUITES[name](opts)
     out = Path(out_dir) if out_dir is not None else default_out_dir(name)
     settings = {"suite": name, **dict(result.settings)}
@@ -78,4 +88,4 @@ def run_suite(name: str, opts: BenchOptions, out_dir: str | Path | None = None) 
     return SuiteRun(result, json_path, md_path)
 
 
-__all__ = ["BenchOptions", "SuiteResult", "SuiteRun", "SUITES", "run_suite"]
+__all__ = ["BenchOptions", "SECTIONED", "SuiteResult", "SuiteRun", "SUITES", "run_suite"]

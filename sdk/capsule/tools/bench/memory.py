@@ -6,6 +6,9 @@
 2. Recall latency over many facts: lexical (BM25), embedding only, hybrid (Session.recall).
 3. Decode step cost with no region / a 512- / 2048-position region (bench/memory_decode.py).
 4. Final hidden state with 10 injected facts (encoding window 0 / 32) vs one joint prefill.
+5. Answer accuracy and TTFT, facts injected (window 0 / 32) vs prefilled, on a seeded QA set of
+   200 questions, k = 1, 10, 50 (bench/memory_accuracy.py; a trained model only, or --quick).
+`--only SECTION,...` runs some of: ttft, decode, recall, deviation, accuracy.
 How each is measured: the `settings` of the report (built in run below).
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from ...memory.embedder import load_embedder
 from ...session import Session
 from . import BenchOptions, SuiteResult
+from .memory_accuracy import accuracy_section
 from .memory_decode import decode_rows
 from .memory_ttft import fresh, targets, ttft_rows
 from .timing import make_clock, percentile
@@ -38,6 +42,7 @@ RECALL_K = 10
 WINDOWS, DEVIATION_K, DEVIATION_QUESTIONS = (0, 32), 10, 4
 REGION_TOKENS, KV_POOL_MB, MAX_CONTEXT = 2048, 512, 4096
 TARGET_RATIO, TARGET_GROWTH = 5.0, 1.5           # prefilled/injected at k=50; injected k=50 / k=1
+SECTIONS = ("ttft", "decode", "recall", "deviation", "accuracy")
 
 SYSTEM = ("system: you are the warehouse robot's assistant. Answer only from the facts you were "
           "given about parts, bays and technicians; if a fact is missing, say that it is unknown.\n")
@@ -184,7 +189,12 @@ def _deviation(tmp: Path, opts: BenchOptions, tok: Any, say: Callable[[str], Non
 
 
 def run(opts: BenchOptions) -> SuiteResult:
-    """Run the memory suite; opts.steps (if set) is the number of timed reps per TTFT point."""
+    """Run the memory suite; opts.steps (if set) is the number of timed reps per TTFT point;
+    opts.only (if set) names the sections to run."""
+    bad = sorted(set(opts.only) - set(SECTIONS))
+    if bad:
+        raise ValueError(f"unknown memory section(s) {bad}; sections: {', '.join(SECTIONS)}")
+    only = set(opts.only or SECTIONS)
     ks = QUICK_KS if opts.quick else KS
     reps = opts.steps or (QUICK_TTFT_REPS if opts.quick else TTFT_REPS)
     n_facts, n_remember, n_queries = ((QUICK_RECALL_FACTS, QUICK_REMEMBERED, QUICK_QUERIES) if opts.quick
@@ -195,55 +205,71 @@ def run(opts: BenchOptions) -> SuiteResult:
             print(f"memory: {msg}", file=sys.stderr, flush=True)
 
     load_start = os.getloadavg()[0]                    # other work on the machine skews timings
+    results: dict[str, Any] = {}
+    tables: dict[str, list[dict[str, Any]]] = {}
+    how: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="capsule-bench-memory-") as d:
         tmp = Path(d)
         with Session.open(tmp / "ttft", model=opts.model, device=opts.device,
                           runtime={"kv_pool_mb": KV_POOL_MB, "max_context": MAX_CONTEXT},
                           memory={"region_tokens": REGION_TOKENS, "embedder": None}) as s:
             device, tok = s.engine.pool.tensor.device, s.tokenizer
-            settings = {"model": opts.model, "untrained": bool(getattr(s.model_info, "untrained", False)),
-                        "device": str(device), "dtype": s.profile.runtime.dtype, "quick": opts.quick,
-                        "torch_threads": torch.get_num_threads()}
-            ttft, growth = ttft_rows(s, [t for t, _ in make_facts(max(ks), seed=1)], ks, reps, SYSTEM,
-                                     QUESTION, make_clock(device), say)
-        decode = decode_rows(tmp, opts, {"kv_pool_mb": 64, "max_context": MAX_CONTEXT}, SYSTEM, QUESTION,
-                             [t for t, _ in make_facts(5, seed=5)], say)
-        recall, remember = _recall(tmp, opts, n_facts, n_remember, n_queries, say)
-        deviation = _deviation(tmp, opts, tok, say)
-    settings.update({
-        "ttft": f"median of {reps} reps per k (after 1 warm-up; paths interleaved), each on a fresh "
-                "stream, greedy; "
-                "injected = wall time of generate(1, memory_k=k) on SYSTEM + QUESTION (BM25 recall of "
-                "the k facts, their host-cached pre-RoPE K/V rotated and scattered into the stream's "
-                "memory region, prefill of system + question, first token); prefill = generate(1) on "
-                "SYSTEM + the same k facts' texts in the same order + QUESTION. Embedder off here. "
-                "Growth target: then the same number of injected reps at the smallest and largest k, "
-                "alternated, so both follow the same work (in the table a k=50 rep follows a "
-                "1,500-token prefill rep; bench/memory_ttft.py)",
-        "decode": "per region size (none, 512, 2048) a fresh session: system + question with 5 facts "
-                  "injected, then one decode row stepped repeatedly (idempotent); median step after "
-                  "10 warm-up, eager with the region's empty blocks left out vs reading every block "
-                  "(what a CUDA graph does)",
-        "load_average_1m": f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end",
-        "ks": list(ks), "ttft_reps": reps, "region_tokens": REGION_TOKENS, "max_context": MAX_CONTEXT,
-        "kv_pool_mb": KV_POOL_MB, "question_tokens": len(tok.encode(QUESTION)),
-        "system_tokens": len(tok.encode(SYSTEM)),
-        "recall": f"{n_facts} facts: {n_remember} via Session.remember, the rest via store.add_fact "
-                  "reusing one fact's K/V bytes (recall reads no K/V), with real embeddings when an "
-                  "embedder is installed; remember_facts_per_s includes embedding each fact; "
-                  f"{n_queries} queries, k={RECALL_K}, p50/p99 after 1 warm-up; hit_at_k: the fact the "
-                  "query was made from is returned",
-        "deviation": f"{DEVIATION_K} facts injected (encoded after the last `window` tokens of SYSTEM) "
-                     "vs the same system + facts + question prefilled as one text; relative L2 error "
-                     "of the final normed hidden state (and logits) at the question's last token, "
-                     f"mean over {DEVIATION_QUESTIONS} questions; region = the facts' tokens exactly (block-"
-                     "aligned), so the question sits < 2 KV blocks later than in the joint text",
-    })
-    goals = targets(ttft, growth, TARGET_RATIO, TARGET_GROWTH)
-    results = {"ttft": ttft, "decode": decode, "recall": recall, "remember": remember,
-               "deviation": deviation, "growth": growth, "targets": goals}
-    return SuiteResult(settings=settings, results=results,
-                       tables={"TTFT: injected vs prefilled facts": ttft,
-                               "decode step with a memory region": decode, "recall latency": recall,
-                               "remember and fill": [remember],
-                               "injected vs joint prefill deviation": deviation, "targets": goals})
+            untrained = bool(getattr(s.model_info, "untrained", False))
+            settings = {"model": opts.model, "untrained": untrained, "device": str(device),
+                        "dtype": s.profile.runtime.dtype, "quick": opts.quick,
+                        "torch_threads": torch.get_num_threads(), "sections": [x for x in SECTIONS if x in only]}
+            if "ttft" in only:
+                ttft, growth = ttft_rows(s, [t for t, _ in make_facts(max(ks), seed=1)], ks, reps, SYSTEM,
+                                         QUESTION, make_clock(device), say)
+                goals = targets(ttft, growth, TARGET_RATIO, TARGET_GROWTH)
+                results.update(ttft=ttft, growth=growth, targets=goals)
+                tables["TTFT: injected vs prefilled facts"] = ttft
+                how.update(ttft=TTFT_HOW.format(reps=reps), ks=list(ks), ttft_reps=reps,
+                           region_tokens=REGION_TOKENS, max_context=MAX_CONTEXT, kv_pool_mb=KV_POOL_MB,
+                           question_tokens=len(tok.encode(QUESTION)), system_tokens=len(tok.encode(SYSTEM)))
+        if "decode" in only:
+            results["decode"] = decode_rows(tmp, opts, {"kv_pool_mb": 64, "max_context": MAX_CONTEXT}, SYSTEM,
+                                            QUESTION, [t for t, _ in make_facts(5, seed=5)], say)
+            tables["decode step with a memory region"] = results["decode"]
+            how["decode"] = DECODE_HOW
+        if "recall" in only:
+            results["recall"], results["remember"] = _recall(tmp, opts, n_facts, n_remember, n_queries, say)
+            tables.update({"recall latency": results["recall"], "remember and fill": [results["remember"]]})
+            how["recall"] = RECALL_HOW.format(n_facts=n_facts, n_remember=n_remember, n_queries=n_queries,
+                                              k=RECALL_K)
+        if "deviation" in only:
+            results["deviation"] = _deviation(tmp, opts, tok, say)
+            tables["injected vs joint prefill deviation"] = results["deviation"]
+            how["deviation"] = DEVIATION_HOW
+        if "ttft" in only:
+            tables["targets"] = results["targets"]
+        if "accuracy" in only:
+            results["accuracy"], acc_tables, how["accuracy"] = accuracy_section(tmp, opts, untrained, say)
+            tables.update(acc_tables)
+    settings.update(how)
+    settings["load_average_1m"] = f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+    return SuiteResult(settings=settings, results=results, tables=tables)
+
+
+TTFT_HOW = ("median of {reps} reps per k (after 1 warm-up; paths interleaved), each on a fresh stream, greedy; "
+            "injected = wall time of generate(1, memory_k=k) on SYSTEM + QUESTION (BM25 recall of "
+            "the k facts, their host-cached pre-RoPE K/V rotated and scattered into the stream's "
+            "memory region, prefill of system + question, first token); prefill = generate(1) on "
+            "SYSTEM + the same k facts' texts in the same order + QUESTION. Embedder off here. "
+            "Growth target: then the same number of injected reps at the smallest and largest k, "
+            "alternated, so both follow the same work (in the table a k=50 rep follows a "
+            "1,500-token prefill rep; bench/memory_ttft.py)")
+DECODE_HOW = ("per region size (none, 512, 2048) a fresh session: system + question with 5 facts "
+              "injected, then one decode row stepped repeatedly (idempotent); median step after "
+              "10 warm-up, eager with the region's empty blocks left out vs reading every block "
+              "(what a CUDA graph does)")
+RECALL_HOW = ("{n_facts} facts: {n_remember} via Session.remember, the rest via store.add_fact "
+              "reusing one fact's K/V bytes (recall reads no K/V), with real embeddings when an "
+              "embedder is installed; remember_facts_per_s includes embedding each fact; "
+              "{n_queries} queries, k={k}, p50/p99 after 1 warm-up; hit_at_k: the fact the "
+              "query was made from is returned")
+DEVIATION_HOW = (f"{DEVIATION_K} facts injected (encoded after the last `window` tokens of SYSTEM) "
+                 "vs the same system + facts + question prefilled as one text; relative L2 error "
+                 "of the final normed hidden state (and logits) at the question's last token, "
+                 f"mean over {DEVIATION_QUESTIONS} questions; region = the facts' tokens exactly (block-"
+                 "aligned), so the question sits < 2 KV blocks later than in the joint text")

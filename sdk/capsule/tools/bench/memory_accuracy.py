@@ -1,0 +1,236 @@
+"""Answer accuracy with facts injected vs prefilled: the "accuracy" section of `capsule bench --suite memory`.
+
+Every fact of the QA set (bench/memory_qa.py: targets and distractors) is remembered once per
+injected mode, in its own Session: "injected w=0" encodes each fact alone, "injected w=W" after
+the last W tokens of the conversation filler it was said in (MemoryConfig.window). Then per k
+and question, on fresh streams, interleaved:
+- injected: generate(memory_k=k) on system + question: the Session's recall (BM25 fused with
+  MiniLM when installed) picks the k facts, their K/V is injected into the memory region;
+- prefilled: Session.recall(question turn, k) (the same retrieval: the same k facts in the
+  same order, checked), their text prefilled between the system text and the question.
+So the modes differ only in how the same facts reach the model. A question whose target fact
+was not retrieved counts as wrong in every mode (retrieval hit rate reported apart).
+TTFT: wall time to the first token (memory_ttft's measure), recall included in both modes.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ...memory.embedder import load_embedder
+from ...session import Session
+from . import BenchOptions
+from .memory_qa import QASet, score
+from .timing import make_clock, percentile
+
+KS, QUICK_KS = (1, 10, 50), (1, 10)
+QUESTIONS, QUICK_QUESTIONS = 200, 20
+WINDOW = 32                                      # context-window encoding: tokens of filler before a fact
+MAX_NEW_TOKENS, STOP = 16, "\n"
+MAX_FACT_TOKENS, KV_POOL_MB, MAX_CONTEXT = 32, 256, 4096
+TARGET_POINTS, TARGET_RATIO = 3.0, 5.0           # injected within 3 points of prefilled at k=50, TTFT >= 5x lower
+INSTRUCTION = "Answer the question with the place named in these facts."
+
+
+def prompt_parts(question: str, chat_template: str | None = None) -> tuple[str, str]:
+    """(system text the facts follow, the user's turn after them): the one place the prompt
+    format lives. Plain text for now; a model's chat template plugs in here (Session.chat)."""
+    del chat_template                            # TODO(integrator): render it once Session.chat lands
+    return f"{INSTRUCTION}\nFacts:\n", f"Question: {question}\nAnswer:"
+
+
+def _answer(s: Session, name: str, k: int, clock: Callable[[], float]) -> tuple[float, str]:
+    """(seconds to the first token, the whole greedy answer) of a prepared stream."""
+    t0 = clock()
+    first = s.generate(1, stream=name, memory_k=k, stop=STOP)
+    dt = clock() - t0
+    ended = s.tokens(name)[-1] in s.tokenizer.eos_ids or STOP in first
+    rest = "" if ended else s.generate(MAX_NEW_TOKENS - 1, stream=name, stop=STOP)
+    return dt, (first + rest).strip()
+
+
+class _Run:
+    """One mode's Session and its measurements."""
+
+    def __init__(self, s: Session, texts: dict[int, str], clock: Callable[[], float]):
+        self.s, self.texts, self.clock, self.n = s, texts, clock, 0
+
+    def fresh(self, system: str, text: str) -> str:
+        self.n += 1
+        name = f"acc-{self.n}"
+        self.s.append(system, stream=name, system=True)
+        self.s.append(text, stream=name)
+        return name
+
+    def injected(self, system: str, turn: str, k: int) -> tuple[float, str, list[str], int]:
+        name = self.fresh(system, turn)
+        dt, ans = _answer(self.s, name, k, self.clock)
+        st = self.s.engine.streams[name]
+        chosen = [self.texts[f] for f in st.region.fact_ids] if st.region else []
+        n_tok = len(self.s.tokens(name))
+        self.s.drop_stream(name)
+        return dt, ans, chosen, n_tok
+
+    def prefilled(self, system: str, turn: str, k: int) -> tuple[float, str, list[str], int]:
+        t0 = self.clock()
+        chosen = [f.text for f in self.s.recall(turn, k)]   # the query generate(memory_k) uses
+        t_recall = self.clock() - t0
+        name = self.fresh(system, "".join(chosen) + turn)
+        dt, ans = _answer(self.s, name, 0, self.clock)
+        n_tok = len(self.s.tokens(name))
+        self.s.drop_stream(name)
+        return t_recall + dt, ans, chosen, n_tok
+
+
+def _open(path: Path, opts: BenchOptions, window: int, embedder: str | None, region: int) -> Session:
+    return Session.open(path, model=opts.model, device=opts.device, restore=False,
+                        runtime={"kv_pool_mb": KV_POOL_MB, "max_context": MAX_CONTEXT},
+                        memory={"region_tokens": region, "window": window, "embedder": embedder,
+                                "max_fact_tokens": min(MAX_FACT_TOKENS, region)})
+
+
+def region_for(k: int, longest: int, block: int = 16) -> int:
+    """The positions k of the longest facts take, block-rounded: a tight region keeps the
+    question as close to the facts as a prefill would (a loose one leaves a hole between)."""
+    return -(-k * longest // block) * block
+
+
+def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """Per (mode, k): accuracy, verdicts, retrieval hit rate, TTFT p50; plus the side-by-side table.
+
+    Each window's facts are remembered once (their store is reopened per k with a region sized
+    for k facts: MemoryConfig is per Session)."""
+    emb = load_embedder("auto")
+    spec = None if emb is None else "auto"
+    longest, stores = 1, {w: tmp / f"accuracy-w{w}" for w in (0, WINDOW)}
+    for window, path in stores.items():
+        with _open(path, opts, window, spec, MAX_FACT_TOKENS) as s:
+            for text, ctx in qa.facts():
+                s.remember(text, context=ctx)
+            longest = max(longest, max(f.n_tokens for f in s.memory.store.facts()))
+            tpl = s.model_info.chat_template if s.model_info else None
+    say(f"accuracy: {len(qa.facts())} facts remembered per window {tuple(stores)}; longest {longest} tokens")
+    rows, examples, same = [], [], 0
+    for k in ks:
+        region = region_for(k, longest)
+        sessions = [_open(path, opts, w, spec, region) for w, path in stores.items()]
+        try:
+            runs = [_Run(s, {f.id: f.text for f in s.memory.store.facts()},
+                         make_clock(s.engine.pool.tensor.device)) for s in sessions]
+            modes = {"prefilled": runs[0], **{f"injected w={w}": r for w, r in zip(stores, runs)}}
+            r, ex, n_same = _measure(qa, k, modes, tpl, say)
+        finally:
+            for s in sessions:
+                s.close()
+        rows += [dict(row, region_tokens=region) for row in r]
+        examples += ex
+        same += n_same
+    return {"rows": rows, "side_by_side": side_by_side(rows), "targets": targets(rows),
+            "examples": examples, "same_facts_all_modes": same / (len(ks) * len(qa.items)),
+            "embedder": emb.name if emb else None, "longest_fact_tokens": longest,
+            "chat_template_used": False}
+
+
+def _measure(qa: QASet, k: int, modes: dict[str, _Run], tpl: str | None, say: Callable[[str], None]
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(one row per mode, the first 3 questions' answers, questions whose k facts were the same in
+    every mode)."""
+    got: dict[str, list[tuple[float, str, bool, int]]] = {m: [] for m in modes}
+    examples, same = [], 0
+    for qi, item in enumerate((qa.items[0],) + qa.items):          # the first pass is a warm-up
+        system, turn = prompt_parts(item.question, tpl)
+        chosen_by = []
+        for mode, run in modes.items():                             # interleaved: the same load
+            call = run.prefilled if mode == "prefilled" else run.injected
+            dt, ans, chosen, n_tok = call(system, turn, k)
+            chosen_by.append(tuple(chosen))
+            hit = item.fact in chosen
+            if qi:
+                got[mode].append((dt, score(ans, item.place) if hit else "not_retrieved", hit, n_tok))
+                if qi <= 3:
+                    examples.append({"k": k, "mode": mode, "question": item.question,
+                                     "place": item.place, "answer": ans, "retrieved": hit})
+        same += int(qi > 0 and len(set(chosen_by)) == 1)
+        if qi and qi % 50 == 0:
+            say(f"accuracy k={k}: {qi}/{len(qa.items)} questions")
+    rows = []
+    for mode, res in got.items():
+        verdicts = Counter(v for _, v, _, _ in res)
+        n, hits = len(res), sum(h for _, _, h, _ in res)
+        rows.append({"mode": mode, "k": k, "questions": n, "accuracy": verdicts["correct"] / n,
+                     "retrieval_hit_rate": hits / n,
+                     "accuracy_when_retrieved": verdicts["correct"] / hits if hits else None,
+                     "wrong_place": verdicts["wrong_place"], "other_place_too": verdicts["other_too"],
+                     "no_place": verdicts["no_place"], "not_retrieved": verdicts["not_retrieved"],
+                     "ttft_p50_ms": percentile([d for d, _, _, _ in res], 50) * 1e3,
+                     "stream_tokens_mean": statistics.mean(t for _, _, _, t in res)})
+        say(f"accuracy k={k} {mode}: {rows[-1]['accuracy']:.3f} (hit {hits / n:.3f}), "
+            f"TTFT p50 {rows[-1]['ttft_p50_ms']:.1f} ms")
+    return rows, examples, same
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per k: each mode's accuracy and TTFT p50 next to each other."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        row = out.setdefault(r["k"], {"k": r["k"], "questions": r["questions"],
+                                      "retrieval_hit_rate": r["retrieval_hit_rate"]})
+        row[f"{r['mode']} acc"] = r["accuracy"]
+        row[f"{r['mode']} TTFT ms"] = r["ttft_p50_ms"]
+    return list(out.values())
+
+
+def targets(rows: list[dict[str, Any]], k: int = 50) -> list[dict[str, Any]]:
+    by = {(r["mode"], r["k"]): r for r in rows}
+    pre, out = by.get(("prefilled", k)), []
+    if pre is None:
+        return [{"target": f"k={k}: injected within {TARGET_POINTS:.0f} points of prefilled, TTFT >= "
+                           f"{TARGET_RATIO:.0f}x lower", "measured": f"not run (no k={k})", "met": "n/a"}]
+    for (mode, kk), r in by.items():
+        if kk != k or mode == "prefilled" or pre is None:
+            continue
+        gap = (pre["accuracy"] - r["accuracy"]) * 100
+        ratio = pre["ttft_p50_ms"] / r["ttft_p50_ms"]
+        out.append({"target": f"k={k} {mode}: accuracy within {TARGET_POINTS:.0f} points of prefilled",
+                    "measured": f"{r['accuracy']:.1%} vs {pre['accuracy']:.1%} ({gap:+.1f} points behind)",
+                    "met": "yes" if gap <= TARGET_POINTS else "NO"})
+        out.append({"target": f"k={k} {mode}: TTFT >= {TARGET_RATIO:.0f}x lower than prefilled",
+                    "measured": f"{r['ttft_p50_ms']:.1f} vs {pre['ttft_p50_ms']:.1f} ms ({ratio:.1f}x)",
+                    "met": "yes" if ratio >= TARGET_RATIO else "NO"})
+    return out
+
+
+SKIPPED = ("needs a trained model: answers of random weights mean nothing (builtin presets are "
+           "untrained); run with --model <checkpoint folder>, or --quick for a smoke run")
+
+
+def accuracy_section(tmp: Path, opts: BenchOptions, untrained: bool, say: Callable[[str], None]
+                     ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], str]:
+    """(results, tables, how it was measured) of the memory suite's accuracy section. A full run
+    on an untrained model is skipped (reported as such); --quick always runs a small subset."""
+    if untrained and not opts.quick:
+        say("accuracy: skipped (untrained model)")
+        return {"skipped": SKIPPED}, {"answer accuracy": [{"section": "accuracy", "skipped": SKIPPED}]}, SKIPPED
+    from .memory_qa import build_qa                 # reads the chitchat corpus: only when it runs
+
+    n, ks = (QUICK_QUESTIONS, QUICK_KS) if opts.quick else (QUESTIONS, KS)
+    qa = build_qa(n, seed=0)
+    res = accuracy_rows(tmp, opts, qa, ks, say)
+    system, turn = prompt_parts("Where is the amber wrench?")
+    how = (f"{n} questions (seeded QA set, bench/memory_qa.py: {len(qa.items)} (object, place) facts, "
+           f"{len(qa.distractors)} distractor facts naming an object but no place; each fact said after "
+           "4 lines of the Chit-Chat corpus), k = " + ", ".join(map(str, ks)) + "; modes on fresh streams, "
+           "interleaved per question: prefilled = Session.recall(turn, k) then the k facts' text prefilled "
+           "between system and question; injected w=0 / w=" f"{WINDOW} = generate(memory_k=k) on system + "
+           f"question, facts encoded alone / after the last {WINDOW} tokens of their filler; the same k "
+           "facts in the same order in every mode (same_facts_all_modes); greedy, up to "
+           f"{MAX_NEW_TOKENS} tokens, stop at a newline; correct = the answer names the right place and "
+           "no other; a question whose fact was not retrieved is wrong in every mode; TTFT p50 = "
+           "wall time to the first token, recall included in every mode; region = k x the longest "
+           f"fact, block-rounded; prompt: {system!r} + facts + {turn!r} (plain text, no chat template)")
+    tables = {"answer accuracy: prefilled vs injected, side by side": res["side_by_side"],
+              "answer accuracy per mode": res["rows"], "answer accuracy targets": res["targets"]}
+    return res, tables, how
