@@ -143,7 +143,6 @@ def test_region_and_tables():
 def test_prompt_is_one_function():
     system, turn = prompt_parts("Where is the amber wrench?")
     assert system.endswith("\n") and turn.startswith("Question: Where is the amber wrench?")
-    assert prompt_parts("Where is the amber wrench?", "{{ messages }}") == (system, turn)
 
 
 def test_accuracy_section_quick_end_to_end(tmp_path, monkeypatch):

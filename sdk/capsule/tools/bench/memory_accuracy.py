@@ -34,10 +34,10 @@ TARGET_POINTS, TARGET_RATIO = 3.0, 5.0           # injected within 3 points of p
 INSTRUCTION = "Answer the question with the place named in these facts."
 
 
-def prompt_parts(question: str, chat_template: str | None = None) -> tuple[str, str]:
+def prompt_parts(question: str) -> tuple[str, str]:
     """(system text the facts follow, the user's turn after them): the one place the prompt
-    format lives. Plain text for now; a model's chat template plugs in here (Session.chat)."""
-    del chat_template                            # TODO(integrator): render it once Session.chat lands
+    format lives. Plain text in every mode, the same for all of them: SmolLM2's chat format was
+    tried on 20 questions and answered no better (k=10: 0 injected)."""
     return f"{INSTRUCTION}\nFacts:\n", f"Question: {question}\nAnswer:"
 
 
@@ -111,7 +111,6 @@ def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
             for text, ctx in qa.facts():
                 s.remember(text, context=ctx)
             longest = max(longest, max(f.n_tokens for f in s.memory.store.facts()))
-            tpl = s.model_info.chat_template if s.model_info else None
     say(f"accuracy: {len(qa.facts())} facts remembered per window {tuple(stores)}; longest {longest} tokens")
     rows, examples, same = [], [], 0
     for k in ks:
@@ -121,7 +120,7 @@ def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
             runs = [_Run(s, {f.id: f.text for f in s.memory.store.facts()},
                          make_clock(s.engine.pool.tensor.device)) for s in sessions]
             modes = {"prefilled": runs[0], **{f"injected w={w}": r for w, r in zip(stores, runs)}}
-            r, ex, n_same = _measure(qa, k, modes, tpl, say)
+            r, ex, n_same = _measure(qa, k, modes, say)
         finally:
             for s in sessions:
                 s.close()
@@ -134,14 +133,14 @@ def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
             "chat_template_used": False}
 
 
-def _measure(qa: QASet, k: int, modes: dict[str, _Run], tpl: str | None, say: Callable[[str], None]
+def _measure(qa: QASet, k: int, modes: dict[str, _Run], say: Callable[[str], None]
              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """(one row per mode, the first 3 questions' answers, questions whose k facts were the same in
     every mode)."""
     got: dict[str, list[tuple[float, str, bool, int]]] = {m: [] for m in modes}
     examples, same = [], 0
     for qi, item in enumerate((qa.items[0],) + qa.items):          # the first pass is a warm-up
-        system, turn = prompt_parts(item.question, tpl)
+        system, turn = prompt_parts(item.question)
         chosen_by = []
         for mode, run in modes.items():                             # interleaved: the same load
             call = run.prefilled if mode == "prefilled" else run.injected
