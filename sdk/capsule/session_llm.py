@@ -35,8 +35,8 @@ class LLMPart:
 
     def append(self, stream: str, text: str, system: bool) -> None:
         self.engine.append(stream, text, system=system)
-        s = self.engine.stream(stream)
-        if s.chat is not None:   # text outside the chat's messages
+        s = self.engine.streams.get(stream)
+        if s is not None and s.chat is not None:   # text outside the chat's messages
             s.chat = replace(s.chat, exact=False)
 
     def chat(self, stream: str, role: str, text: str) -> None:
