@@ -17,9 +17,9 @@ TRANSCRIPT = ("system: you are the planner of a mobile manipulator.\n"
               "robot:")
 SECOND_STREAM = "user: what is the battery level?\nrobot:"
 # the same conversation as chat turns, for a model with a chat template (the trained default)
-SYSTEM = "You are the planner of a mobile manipulator. Answer in one or two short sentences."
-TURN = ("The red cup is on the kitchen table, 3.2 m away, and it is fragile. "
-        "Bring it to me and tell me your plan.")
+SYSTEM = ("You are Robo, a home robot with wheels and two arms. When the user asks for something, "
+          "reply with one sentence that says which action you take.")
+TURN = "Please bring me the red cup from the kitchen table."
 SECOND_TURN = "What is your battery level?"
 FOLLOW_UP = "Careful, it is fragile. How will you grasp it?"
 NEW_TOKENS = 24
@@ -38,7 +38,9 @@ def _memory(s: Session, echo: Callable[[str], None]) -> None:
     for fact in FACTS:
         s.remember(fact)
     echo(f"remember {_ms(time.perf_counter() - t0)}  ({len(FACTS)} facts: K/V computed once, stored)")
-    _say(s, "where do I charge you?", "user: where do I charge you?\nrobot:", "ask")
+    if _chat(s):
+        s.chat("system", SYSTEM, stream="ask")   # the facts' region sits right after it
+    _say(s, "Where do I charge you?", "user: where do I charge you?\nrobot:", "ask")
     t0 = time.perf_counter()
     first = s.generate(1, stream="ask", memory_k=2)
     took = time.perf_counter() - t0
