@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -10,3 +11,23 @@ def cache_dir() -> Path:
     root = os.environ.get("CAPSULE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "capsule")
     return Path(root)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically: a temporary file of its own beside it (mode 0600,
+    so two writers never share one), fsynced, renamed over `path` (a planted symlink is replaced
+    itself, its target untouched). On failure the temporary file is removed and `path` is as it
+    was."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

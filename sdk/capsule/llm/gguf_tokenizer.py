@@ -7,13 +7,12 @@ is never trusted: what loads is always what the GGUF says.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import TokenizerError
-from ..paths import cache_dir
+from ..paths import cache_dir, write_private
 from ..tokenize.gguf_vocab import tokenizer_files
 
 
@@ -46,16 +45,4 @@ def _put(path: Path, data: bytes) -> None:
         with open(path, "rb") as f:
             if f.read() == data:
                 return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)   # replaces a planted symlink itself, never its target
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_private(path, data)

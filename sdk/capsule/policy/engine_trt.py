@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..paths import cache_dir
+from ..paths import cache_dir, write_private
 from .buffers import PolicyBuffers, torch_dtype
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
 from .source import EngineUnavailable, PolicySource
@@ -103,10 +102,7 @@ class TensorRTEngine:
             return path.read_bytes()
         plan = build_plan(trt, logger, source.onnx_path(), precision)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(plan)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_private(path, plan)
         return plan
 
     def _enqueue(self) -> None:

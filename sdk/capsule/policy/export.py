@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedArchitecture
-from ..paths import cache_dir
+from ..paths import cache_dir, write_private
 from .builtin import BuiltinPolicy, GruPolicy, MlpPolicy, builtin_policy
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT, STATE
 
@@ -33,10 +33,7 @@ def export_onnx(source_or_module: str | BuiltinPolicy, path: str | os.PathLike) 
     onnx.checker.check_model(model, full_check=True)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(model.SerializeToString())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_private(path, model.SerializeToString())
     return path
 
 
