@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError, UnsupportedArchitecture
 from .config import ModelConfig, RopeConfig
+from .safetensors_mmap import map_file
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 MAX_TEMPLATE_BYTES = 1 << 20   # real chat templates are a few KB
@@ -64,16 +65,9 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
     """Parse and bound-check the header of a GGUF (v2/v3, little-endian) file. ModelLoadError
     when it is not one, is truncated, or claims more than the limits or the file allow."""
     path = Path(path)
+    buf = map_file(path, 24, "GGUF")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 24:
-                raise ModelLoadError(f"{path} is not a GGUF file ({size} bytes)")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        return _Parser(path, buf, size).header()
+        return _Parser(path, buf, len(buf)).header()
     finally:
         buf.close()
 
@@ -193,7 +187,12 @@ def _type_traits(type_id: int) -> tuple[str, int, int]:
 
 
 def chat_template(header: GGUFHeader) -> str | None:
-    tpl = header.metadata.get("tokenizer.chat_template")
+    return usable_template(header.metadata.get("tokenizer.chat_template"))
+
+
+def usable_template(tpl: object) -> str | None:
+    """A chat template as found in a model's files, when it is one: a non-blank str within
+    MAX_TEMPLATE_BYTES (a file is input: anything else only means no template)."""
     return tpl if isinstance(tpl, str) and tpl.strip() and len(tpl) <= MAX_TEMPLATE_BYTES else None
 
 

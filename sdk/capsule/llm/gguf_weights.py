@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mmap
 import os
 import struct
 import tempfile
@@ -25,7 +24,7 @@ from ..paths import cache_dir
 from .config import ModelConfig
 from .gguf_file import SUPPORTED_TYPES, GGUFHeader, TensorInfo
 from .model import expected_shapes
-from .safetensors_mmap import read_safetensors
+from .safetensors_mmap import map_file, read_safetensors
 
 CACHE_FORMAT = "capsule-gguf-cache/1"   # bump when the conversion below changes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
@@ -99,13 +98,10 @@ def _tensor_data(header: GGUFHeader, plan: dict[str, TensorInfo]) -> dict[str, n
     """Each planned tensor's bytes, a read-only view of the mapped file in GGUFReader's byte shape
     (rows, bytes per row), at the offsets read_header checked. gguf.GGUFReader is not used: it
     would parse the whole header again, seconds for a vocabulary's 100k strings."""
-    try:
-        with open(header.path, "rb") as f:
-            if os.fstat(f.fileno()).st_size != header.size:
-                raise ModelLoadError(f"{header.path} changed while it was being loaded; load it again")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)   # the arrays keep it open
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {header.path}: {exc.strerror}") from None
+    buf = map_file(header.path, 24, "GGUF")   # the arrays keep it open
+    if len(buf) != header.size:
+        buf.close()
+        raise ModelLoadError(f"{header.path} changed while it was being loaded; load it again")
     out = {}
     for name, t in plan.items():
         _, block, size = SUPPORTED_TYPES[t.type_id]

@@ -14,7 +14,7 @@ from ..paths import cache_dir
 from . import gguf_file, gguf_weights
 from .catalog import model_names, resolve_named
 from .config import ModelConfig
-from .gguf_file import MAX_TEMPLATE_BYTES
+from .gguf_file import MAX_TEMPLATE_BYTES, usable_template
 from .gguf_tokenizer import tokenizer_folder
 from .model import Decoder
 from .presets import DEFAULT_SEED, materialize, preset_config
@@ -145,7 +145,7 @@ def folder_chat_template(folder: Path) -> str | None:
         tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
     if tpl is None and jinja.is_file() and jinja.stat().st_size <= MAX_TEMPLATE_BYTES:
         tpl = jinja.read_text("utf-8", errors="replace")
-    return tpl if isinstance(tpl, str) and tpl.strip() and len(tpl) <= MAX_TEMPLATE_BYTES else None
+    return usable_template(tpl)
 
 
 def weights_digest(files: list[Path]) -> str:

@@ -21,18 +21,25 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 _MAX_HEADER = 100 * 2**20
 
 
-def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Map `path` and return name -> CPU tensor views into it (no bytes are read eagerly)."""
-    path = Path(path)
+def map_file(path: Path, min_size: int, kind: str, access: int = mmap.ACCESS_READ) -> mmap.mmap:
+    """The whole file memory-mapped (its len() is the file's size); ModelLoadError when it cannot
+    be read or is shorter than min_size bytes (not a `kind` file)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size < 8:
-                raise ModelLoadError(f"{path} is not a safetensors file ({size} bytes)")
-            # ACCESS_COPY: writable views without touching the file, and no read-only warnings
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            if size < max(min_size, 1):   # an empty file cannot be mapped
+                raise ModelLoadError(f"{path} is not a {kind} file ({size} bytes)")
+            return mmap.mmap(f.fileno(), 0, access=access)
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Map `path` and return name -> CPU tensor views into it (no bytes are read eagerly)."""
+    path = Path(path)
+    # ACCESS_COPY: writable views without touching the file, and no read-only warnings
+    mapped = map_file(path, 8, "safetensors", mmap.ACCESS_COPY)
+    size = len(mapped)
     (header_len,) = struct.unpack("<Q", mapped[:8])
     if header_len > min(_MAX_HEADER, size - 8):
         raise ModelLoadError(f"{path}: header length {header_len} exceeds the file ({size} bytes)")
