@@ -11,7 +11,7 @@ import capsule.tools.bench.memory_qa as memory_qa
 from capsule.cli import build_parser, main
 from capsule.errors import CapsuleError
 from capsule.tools.bench import BenchOptions, run_suite
-from capsule.tools.bench.memory_accuracy import (KS, QUICK_KS, QUICK_QUESTIONS, SKIPPED, accuracy_section,
+from capsule.tools.bench.memory_accuracy import (KS, PREFIX_MODE, QUICK_KS, QUICK_QUESTIONS, SKIPPED, accuracy_section,
                                                  prompt_parts, region_for, side_by_side, targets)
 from capsule.tools.bench.memory_qa import (QADataError, build_qa, chitchat_file, chitchat_lines,
                                            mentioned_places, score)
@@ -131,12 +131,16 @@ def test_score(answer, verdict):
 def test_region_and_tables():
     assert region_for(1, 14) == 16 and region_for(10, 14) == 144 and region_for(50, 13) == 656
     rows = [{"mode": m, "k": 50, "questions": 200, "accuracy": a, "retrieval_hit_rate": 1.0, "ttft_p50_ms": t}
-            for m, a, t in (("prefilled", 0.80, 600.0), ("injected w=0", 0.78, 100.0),
-                            ("injected w=32", 0.70, 150.0))]
+            for m, a, t in (("prefilled", 0.80, 600.0), ("prefilled best-last", 0.60, 900.0),
+                            ("injected w=0", 0.78, 100.0), ("injected w=32", 0.70, 150.0))]
     (row,) = side_by_side(rows)
     assert row["prefilled acc"] == 0.80 and row["injected w=32 TTFT ms"] == 150.0
-    met = {t["target"]: t["met"] for t in targets(rows)}
+    got = targets(rows)
+    met = {t["target"]: t["met"] for t in got}
     assert list(met.values()) == ["yes", "yes", "NO", "NO"]   # w=0: -2 points, 6x; w=32: -10, 4x
+    assert all("vs 80.0% prefilled (" in t["measured"] for t in got[::2])   # the better order
+    rows[1]["accuracy"] = 0.9                                   # now best-last is the baseline
+    assert [t["met"] for t in targets(rows)] == ["NO", "yes", "NO", "yes"]
     assert targets(rows[:1], k=10)[0]["met"] == "n/a"
 
 
@@ -153,8 +157,8 @@ def test_accuracy_section_quick_end_to_end(tmp_path, monkeypatch):
     assert data["settings"]["sections"] == ["accuracy"] and "ttft" not in data["results"]
     acc = data["results"]["accuracy"]
     rows = acc["rows"]
-    assert [(r["mode"], r["k"]) for r in rows] == [(m, k) for k in QUICK_KS
-                                                  for m in ("prefilled", "injected w=0", "injected w=32")]
+    modes = ("prefilled", "prefilled best-last", "injected w=0", "injected w=32", PREFIX_MODE)
+    assert [(r["mode"], r["k"]) for r in rows] == [(m, k) for k in QUICK_KS for m in modes]
     for r in rows:
         n = r["questions"]
         assert n == 10 and 0 <= r["accuracy"] <= 1 and 0 <= r["retrieval_hit_rate"] <= 1
@@ -171,7 +175,7 @@ def test_accuracy_section_quick_end_to_end(tmp_path, monkeypatch):
     assert [r["k"] for r in acc["side_by_side"]] == list(QUICK_KS)
     assert {"prefilled acc", "injected w=0 acc", "injected w=32 TTFT ms"} <= set(acc["side_by_side"][0])
     assert acc["targets"][0]["met"] == "n/a"                   # no k = 50 in a quick run
-    assert {e["mode"] for e in acc["examples"]} == {"prefilled", "injected w=0", "injected w=32"}
+    assert {e["mode"] for e in acc["examples"]} == set(modes)
     md = run.md_path.read_text()
     assert "answer accuracy: prefilled vs injected, side by side" in md and "| k | questions |" in md
     assert "10 questions" in data["settings"]["accuracy"]

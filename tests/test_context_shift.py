@@ -224,12 +224,12 @@ def test_shift_with_a_memory_region_keeps_it_and_restores_bit_exactly(tmp_path):
         a.generate(4, memory_k=2)
         st = a.engine.streams["main"]
         region = (st.region.start, st.region.size, list(st.region.facts))
-        region_kv = _kv(a, range(st.region.start, st.region.used_end))
+        region_kv = _kv(a, range(*st.region.used))
         prefix_kv = _kv(a, range(st.region.gap_at))
         nxt = _until_shift(a, gen=lambda s: s.generate(6))         # the region as it is
         st = a.engine.streams["main"]
         assert (st.region.start, st.region.size, list(st.region.facts)) == region
-        assert torch.equal(_kv(a, range(st.region.start, st.region.used_end)), region_kv)
+        assert torch.equal(_kv(a, range(*st.region.used)), region_kv)
         assert torch.equal(_kv(a, range(st.region.gap_at)), prefix_kv)
         assert a.text().startswith(SYSTEM) and _canonical_exact(a)
         a.checkpoint()

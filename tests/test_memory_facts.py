@@ -392,3 +392,16 @@ def test_bounds_are_value_errors(tmp_path):
         assert FactTable(st).fact_kv(1) == b"k"
     for path in (tmp_path / "s", tmp_path / "s" / "index.sqlite", *(tmp_path / "s" / "segments").iterdir()):
         assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_region_json_takes_either_packing_and_refuses_a_run_in_the_middle():
+    from capsule.llm.region import Region
+    end_packed = {"gap_at": 10, "start": 16, "size": 32, "facts": [[1, 40, 5], [2, 45, 3]]}
+    r = Region.from_json(end_packed, 16, 1024)
+    assert r.used == (40, 48) and r.end == 48
+    legacy = {"gap_at": 10, "start": 16, "size": 32, "facts": [[1, 16, 5], [2, 21, 3]]}
+    assert Region.from_json(legacy, 16, 1024).used == (16, 24)     # capsules made before
+    for facts in ([[1, 20, 5]], [[1, 40, 5], [2, 46, 2]], [[1, 44, 5]], [[1, 16, 0]]):
+        with pytest.raises(ValueError, match="region"):
+            Region.from_json(dict(end_packed, facts=facts), 16, 1024)
+    assert Region.from_json(dict(end_packed, facts=[]), 16, 1024).used == (48, 48)

@@ -180,12 +180,12 @@ def test_forget_drops_the_fact_from_regions_now_and_after_a_restore(tmp_path):
         injected = st.region.fact_ids
         s.checkpoint()
         gone = injected[0]
-        old_end = st.region.used_end
+        old_lo = st.region.used[0]
         s.forget(gone)                                  # at once: the other facts stay, packed
         assert st.region.fact_ids == injected[1:]
-        assert st.region.facts[0][1] == st.region.start
+        assert st.region.used[1] == st.region.end       # against the region's end
         pool, bs = s.engine.pool, s.engine.pool.block_size
-        freed = [pool.tensor[st.table.blocks[p // bs], :, :, p % bs] for p in range(st.region.used_end, old_end)]
+        freed = [pool.tensor[st.table.blocks[p // bs], :, :, p % bs] for p in range(old_lo, st.region.used[0])]
         assert freed and all(t.abs().sum() == 0 for t in freed)   # its bytes left the pool too
         s.rollback(1)                                   # the capsule still holds it: dropped again
         assert s.engine.streams["main"].region.fact_ids == injected[1:]
@@ -214,9 +214,10 @@ def test_region_blocks_not_written_by_the_first_fill_are_zeroed(tmp_path):
         r, bs = st.region, pool.block_size
         region_blocks = pool.tensor[st.table.blocks[r.start // bs:(r.start + r.size) // bs]]
         assert not torch.isnan(region_blocks).any()
-        used = r.used_end - r.start
+        hole = r.used[0] - r.start                        # facts sit against the region's end
         flat = region_blocks.permute(0, 3, 1, 2, 4, 5).reshape(r.size, -1)   # (positions, ...)
-        assert flat[used:].abs().sum() == 0 and flat[:used].abs().sum() > 0
+        assert hole > 0 and r.used[1] == r.end
+        assert flat[:hole].abs().sum() == 0 and flat[hole:].abs().sum() > 0
         prefix_holes = pool.tensor[st.table.blocks[r.gap_at // bs]][:, :, r.gap_at % bs:]
         assert prefix_holes.abs().sum() == 0 or r.gap_at % bs == 0
         # a fill that fails after the reservation leaves zeros, not garbage
@@ -402,3 +403,43 @@ def test_hybrid_recall_with_the_real_embedder(tmp_path):
             s.remember(t)
         # no word in common with the fact: only the embedding can find it
         assert s.recall("where can I recharge?", k=1)[0].text == "The charger is in bay 2."
+
+
+def test_facts_sit_against_the_region_end_best_ranked_last(tmp_path):
+    # a position gap right before the question breaks a trained model's reading of the facts:
+    # the last fact must end exactly where the conversation begins
+    with _open(tmp_path / "s") as s:
+        for t in FACTS:
+            s.remember(t)
+        _conversation(s)
+        s.generate(1, memory_k=3)
+        st = s.engine.streams["main"]
+        r = st.region
+        lo, hi = r.used
+        assert hi == r.end == st.table.position(r.gap_at)   # the first token after the prefix
+        assert lo > r.start and [p for _, p, _ in r.facts] == sorted(p for _, p, _ in r.facts)
+        ranked = [f.id for f in s.recall("user: where is the charger?\nassistant:", 3)]
+        assert list(r.fact_ids) == ranked[::-1]            # the best-ranked right before the rest
+        valid = s.engine.pool.slot_valid
+        bs = s.engine.pool.block_size
+        readable = [p for p in range(r.start, r.end) if valid[st.table.blocks[p // bs], p % bs]]
+        assert readable == list(range(lo, hi))
+        assert st.table.skip == (r.start // bs, lo // bs)  # the empty blocks before the facts
+
+
+def test_memory_temperature_scales_the_injected_keys_only(tmp_path):
+    kvs = {}
+    for t in (1.0, 0.5):
+        with Session.open(tmp_path / f"t{t}", device="cpu", model="builtin:tiny", runtime=RT,
+                          memory={"embedder": None, "temperature": t}) as s:
+            for f in FACTS:
+                s.remember(f)
+            _conversation(s)
+            s.generate(1, memory_k=2)
+            kvs[t] = _region_kv(s)                             # (n, L, 2, KV, hd)
+    assert torch.allclose(kvs[0.5][:, :, 0], 2 * kvs[1.0][:, :, 0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(kvs[0.5][:, :, 1], kvs[1.0][:, :, 1])
+    for bad in (0, -1, True, "1", float("nan"), 100):
+        with pytest.raises(ValueError, match="MemoryConfig.temperature"):
+            Session.open(tmp_path / "bad", device="cpu", model="builtin:tiny", runtime=RT,
+                         memory={"embedder": None, "temperature": bad})

@@ -71,7 +71,7 @@ class MemoryPart:
                                 f"{engine.pool.free_blocks} are free; raise runtime.kv_pool_mb, lower "
                                 "MemoryConfig.region_tokens or shorten the streams")
         for name, chosen in plans:
-            engine.fill_memory(name, chosen, mem.config.region_tokens)
+            engine.fill_memory(name, chosen, mem.config.region_tokens, 1 / mem.config.temperature)
 
     def drop_forgotten(self) -> None:
         """Refill, without them, every region holding facts that are no longer stored (forgotten;
@@ -86,11 +86,11 @@ class MemoryPart:
             if known == set(ids):
                 continue
             kept = [(f, kv.kv) for f in ids if f in known and (kv := mem.kv(f)) is not None]
-            engine.fill_memory(name, kept, mem.config.region_tokens)
+            engine.fill_memory(name, kept, mem.config.region_tokens, 1 / mem.config.temperature)
 
     def _choose(self, query: str, k: int, room: int) -> list[tuple[int, torch.Tensor]]:
-        """The k best-ranked facts whose K/V is intact and that fit `room` positions, in rank
-        order; a damaged or too long one gives its place to the next candidate."""
+        """The k best-ranked facts whose K/V is intact and that fit `room` positions, the best
+        last (the region's order); a damaged or too long one gives its place to the next one."""
         chosen, used, too_long = [], 0, 0
         for fact in self.memory.recall(query, 2 * k):
             kv = self.memory.kv(fact.id)      # None (with a warning) when its record is damaged
@@ -107,4 +107,6 @@ class MemoryPart:
             warnings.warn(f"{too_long} of the best-ranked memory facts did not fit the {room}-position "
                           "memory region and were left out (raise MemoryConfig.region_tokens for a "
                           "new stream, or inject fewer facts)", stacklevel=5)
-        return chosen
+        # the best-ranked last, right before the conversation: a small model answers from the
+        # facts nearest the question far more often (docs/MEMORY.md, "Where facts sit")
+        return chosen[::-1]

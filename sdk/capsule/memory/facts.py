@@ -35,12 +35,15 @@ class MemoryConfig:
     """region_tokens: positions a stream reserves for injected facts (on its first memory_k);
     window: tokens of preceding conversation a fact is encoded after (0: none);
     max_fact_tokens: longest fact accepted; embedder: "auto" | "minilm" | a folder | None;
-    cache_facts: decoded facts kept in host memory."""
+    cache_facts: decoded facts kept in host memory;
+    temperature: attention temperature over injected facts (their keys are scaled by
+    1 / temperature when injected; < 1 sharpens, as APE does for contexts encoded apart)."""
     region_tokens: int = 512
     window: int = 0
     max_fact_tokens: int = 256
     embedder: str | None = "auto"
     cache_facts: int = 256
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         for name, lo in (("region_tokens", 1), ("window", 0), ("max_fact_tokens", 1),
@@ -48,6 +51,9 @@ class MemoryConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"MemoryConfig.{name} must be an int >= {lo}, got {v!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.05 <= t <= 20:
+            raise ValueError(f"MemoryConfig.temperature must be a number in [0.05, 20], got {t!r}")
         if self.max_fact_tokens > self.region_tokens:
             raise ValueError(f"MemoryConfig.max_fact_tokens ({self.max_fact_tokens}) exceeds region_tokens "
                              f"({self.region_tokens}): a fact that long could never be injected; lower "
