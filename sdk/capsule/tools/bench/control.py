@@ -55,7 +55,8 @@ def _say(opts: BenchOptions, msg: str) -> None:
         print(f"control: {msg}", file=sys.stderr, flush=True)
 
 
-def _time(fn: Any, obs: dict, steps: int, warmup: int) -> dict[str, float]:
+def time_calls(fn: Any, obs: dict, steps: int, warmup: int) -> dict[str, float]:
+    """p50 / p99 / max microseconds of fn(obs) over `steps` calls after `warmup` untimed ones."""
     for _ in range(warmup):
         fn(obs)
     lat = []
@@ -79,12 +80,12 @@ def _latency(opts: BenchOptions, dev: str, steps: int, warmup: int) -> list[dict
                              "p50_us": None, "p99_us": None, "max_us": None})
                 _say(opts, f"latency {src} {eng}: skipped ({reason})")
                 continue
-            rows.append({**row, "status": f"ok ({runner.engine_detail})", **_time(runner.step, obs, steps, warmup)})
+            rows.append({**row, "status": f"ok ({runner.engine_detail})", **time_calls(runner.step, obs, steps, warmup)})
             _say(opts, f"latency {src} {eng}: p50 {rows[-1]['p50_us']:.1f} us")
         with tempfile.TemporaryDirectory(prefix="capsule-bench-control-") as tmp:
             with Session.open(Path(tmp) / "s", model=None, policy=src, device=opts.device) as s:
                 rows.append({"policy": src, "engine": s.policy_engine, "path": "Session.act", "steps": steps,
-                             "status": "ok (profile default)", **_time(s.act, obs, steps, warmup)})
+                             "status": "ok (profile default)", **time_calls(s.act, obs, steps, warmup)})
         _say(opts, f"latency {src} Session.act ({rows[-1]['engine']}): p50 {rows[-1]['p50_us']:.1f} us")
     return rows
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[3]  # sdk/capsule/tools/bench/report.py -> repository root
+REPO_ROOT = Path(__file__).resolve().parents[4]  # sdk/capsule/tools/bench/report.py -> repository root
 
 
 def _cpu_model() -> str:

@@ -29,12 +29,14 @@ def progress(total: int, desc: str, enabled: bool, unit: str = "step") -> tqdm:
 
 
 @contextmanager
-def step_probe(runner: Any, clock: Callable[[], float], bar: tqdm | None = None
-               ) -> Iterator[list[tuple[int, float]]]:
+def step_probe(runner: Any, clock: Callable[[], float], bar: tqdm | None = None,
+               outputs: list[torch.Tensor] | None = None) -> Iterator[list[tuple[int, float]]]:
     """Time every `runner.decode(rows)` call made inside the block; yields [(rows, seconds), ...].
 
     The probe wraps the instance's bound method, so the engine's own decode loop is what is
     measured, and removes the wrapper on exit (the class method shows through again).
+    outputs: when given, each step's logits are appended to it as a float32 host copy, after
+    the step's time is taken (the copy is not timed; the returned view is overwritten next step).
     """
     samples: list[tuple[int, float]] = []
     inner = runner.decode
@@ -43,6 +45,8 @@ def step_probe(runner: Any, clock: Callable[[], float], bar: tqdm | None = None
         t0 = clock()
         out = inner(rows)
         samples.append((len(rows), clock() - t0))
+        if outputs is not None:
+            outputs.append(out.detach().float().cpu())
         if bar is not None:
             bar.update(1)
         return out
