@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check clean
+.PHONY: demo test bench gpu-check wheelhouse clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/capsule bench --suite decode
 
-gpu-check: $(STAMP)
+# on a machine with a CUDA GPU, with its own python3 (a venv with a CPU torch would hide the GPU)
+gpu-check:
 	bash packaging/gpu_check.sh
 
+# the wheels a lent GPU machine lacks (it has no network), into wheelhouse/ for the device call's
+# carry; pinned to the versions in .venv when it exists
+wheelhouse:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) packaging/wheelhouse.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info sdk/*.egg-info bench-results
+	rm -rf $(VENV) build *.egg-info sdk/*.egg-info bench-results wheelhouse gpu-check-out
