@@ -25,7 +25,8 @@ from .source import EngineUnavailable, PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
 CPU_EP, CUDA_EP, TRT_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
-ORT_EXTRA = "pip install 'exec-capsules[onnx]' (CPU) or onnxruntime-gpu (CUDA)"
+ORT_EXTRA = ("pip install 'exec-capsules[onnx]' (CPU) or 'exec-capsules[cuda]' (CUDA: onnxruntime-gpu, "
+             "which breaks when the CPU onnxruntime is installed beside it: uninstall that first)")
 # providers that onnxruntime lists but that run nothing on this machine (Azure calls a cloud
 # endpoint): not backends of a robot, so the doctor leaves them out
 NOT_LOCAL_PROVIDERS = frozenset({"AzureExecutionProvider"})
@@ -46,7 +47,9 @@ def choose_providers(ort: Any, device: torch.device) -> list[Any]:
         chosen.append((TRT_EP, {"device_id": idx, "trt_engine_cache_enable": True,
                                 "trt_engine_cache_path": str(engines)}))
     if CUDA_EP in offered:
-        chosen.append((CUDA_EP, {"device_id": idx}))
+        # ORT's CUDA provider computes fp32 MatMul/Gemm/Conv in TF32 by default (10-bit mantissa,
+        # microsoft/onnxruntime#19357): fp32 means fp32, so the 1e-4 parity with torch holds
+        chosen.append((CUDA_EP, {"device_id": idx, "use_tf32": 0}))
     if not chosen:
         raise EngineUnavailable(f"onnxruntime offers {offered}: no CUDA provider for {device} ({ORT_EXTRA})")
     return chosen + [CPU_EP]  # CPU takes the shape-only nodes the GPU providers leave

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cudagraph import capture_graph
 from ..paths import cache_dir, write_private
 from .buffers import PolicyBuffers, torch_dtype
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
@@ -113,17 +114,8 @@ class TensorRTEngine:
             self.buffers.hidden.copy_(self.hidden_next)  # in place, same stream: (1, H) <- (1, H)
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream(self.buffers.device)
-        side.wait_stream(torch.cuda.current_stream(self.buffers.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # TensorRT defers some setup to the first enqueue: not in capture
-                self._enqueue()
-        side.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, stream=side):
-                self._enqueue()
-            torch.cuda.synchronize(self.buffers.device)
+        try:  # the warm-up enqueues run TensorRT's deferred setup outside the capture
+            graph = capture_graph(self._enqueue, self.buffers.device)
         except RuntimeError as exc:  # some plans are not capturable: run them enqueue by enqueue
             log.warning("tensorrt: CUDA graph capture failed (%s); running without a graph", exc)
             self.detail += ", no CUDA graph"
