@@ -1,7 +1,8 @@
 """torch engine: the builtin torch module over the static buffers; a CUDA graph on CUDA.
 
 On CUDA the step (forward + copy_ into action/hidden) is captured once into a CUDA graph and
-replayed: a step launches one graph and allocates nothing. On CPU it runs eagerly over the
+replayed on the current stream (the policy's own, made current by the runner): a step launches
+one graph and allocates nothing. On CPU it runs eagerly over the
 same buffers (small temporaries come from torch's CPU allocator; the buffers never move).
 Not thread-safe: the runner serializes calls.
 """

@@ -7,8 +7,9 @@ under cache_dir()/policy/trt, keyed by TensorRT version, GPU compute capability 
 precision, input shapes and the model digest. Tensor addresses are set once
 (set_tensor_address) to the static buffers; `hidden_out` goes to a static twin that is
 copied into buffers.hidden inside the same graph. The step (execute_async_v3 + that copy) is
-captured into a CUDA graph; a step is one replay on torch's current stream and allocates
-nothing. Not thread-safe: the runner serializes calls. probe_tensorrt is this engine's doctor probe.
+captured into a CUDA graph; a step is one replay on torch's current stream (the policy's own,
+PolicyBuffers.stream: the runner makes it current) and allocates nothing. Not thread-safe:
+the runner serializes calls. probe_tensorrt is this engine's doctor probe.
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ class TensorRTEngine:
         self.detail += ", CUDA graph"
 
     def run(self) -> None:
-        # hot path: one graph replay (or one enqueue) on torch's current stream; no allocation
+        # hot path: one graph replay (or one enqueue) on torch's current stream (the policy's);
+        # no allocation
         if self.graph is not None:
             self.graph.replay()                  # CUDAGraph.replay guards its own device
         else:
