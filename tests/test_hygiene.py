@@ -1,8 +1,10 @@
 """Rules for the tests themselves: every test that is not CUDA-marked names its device.
 
 On a machine with a GPU, device="auto" (Session.open's default, the bench's and the CLI's) picks
-CUDA, so a test that leaves the device out would test something else there. These checks read
-the tests' source with `ast`, child scripts in string constants included, and name file:line.
+CUDA, so a test that leaves the device out (or names "auto") would test something else there:
+fp16 CUDA runs compared with CPU expectations. Only CUDA-marked tests and those ALLOWED_AUTO
+lists, each with its reason, may. These checks read the tests' source with `ast`, child scripts
+in string constants included, and name file:line.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ TESTS = Path(__file__).resolve().parent
 DEVICE_KEYWORD = ("Session.open", "BenchOptions", "run_demo")
 # CLI verbs with a --device option defaulting to "auto": main([...]) with a literal list says it
 DEVICE_VERBS = (("demo",), ("bench",), ("memory", "reencode"))
+# tests that open with device "auto" on purpose (left out or named): (file, test function) -> why.
+# Everything else that is not CUDA-marked names "cpu" (or "cuda"); an explicit "auto" counts as none
+ALLOWED_AUTO: dict[tuple[str, str], str] = {}
 
 
 def _is_cuda_marker(node: ast.expr) -> bool:
@@ -50,27 +55,46 @@ def _code_in_strings(tree: ast.AST):
             pass   # prose that mentions a call, not code
 
 
-def _missing_device(tree: ast.AST, cuda: bool, where: str, first_line: int, out: list[str]) -> None:
-    def visit(node: ast.AST, cuda: bool) -> None:
+def _is_auto(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value == "auto"
+
+
+def _missing_device(tree: ast.AST, cuda: bool, where: str, first_line: int, out: list[str],
+                    allowed: dict[tuple[str, str], str], test: str = "") -> None:
+    def visit(node: ast.AST, cuda: bool, test: str) -> None:
         for child in ast.iter_child_nodes(node):
             marked = cuda or _marked_cuda(child)
-            if isinstance(child, ast.Call) and not marked:
+            inside = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and not test else test
+            if isinstance(child, ast.Call) and not marked and (where, inside) not in allowed:
                 line = first_line + child.lineno - 1
                 name = ast.unparse(child.func)
-                if (any(name == n or name.endswith("." + n) for n in DEVICE_KEYWORD)
-                        and not any(k.arg == "device" for k in child.keywords)):
-                    out.append(f"{where}:{line}: {name}(...) without device=")
+                device = [k.value for k in child.keywords if k.arg == "device"]
+                if any(name == n or name.endswith("." + n) for n in DEVICE_KEYWORD):
+                    if not device:
+                        out.append(f"{where}:{line}: {name}(...) without device=")
+                    elif _is_auto(device[0]):
+                        out.append(f"{where}:{line}: {name}(..., device='auto')")
                 if name == "main" and child.args and isinstance(child.args[0], ast.List):
                     words = [e.value for e in child.args[0].elts if isinstance(e, ast.Constant)]
-                    if (any(words[:len(v)] == list(v) for v in DEVICE_VERBS)
-                            and "--device" not in words):
-                        out.append(f"{where}:{line}: main([{', '.join(map(repr, words[:2]))}, ...]) "
-                                   "without --device")
-            visit(child, marked)
-    visit(tree, cuda)
+                    if any(words[:len(v)] == list(v) for v in DEVICE_VERBS):
+                        given = words.index("--device") if "--device" in words else None
+                        if given is None:
+                            out.append(f"{where}:{line}: main([{', '.join(map(repr, words[:2]))}, ...]) "
+                                       "without --device")
+                        elif words[given + 1:given + 2] == ["auto"]:
+                            out.append(f"{where}:{line}: main([..., '--device', 'auto'])")
+            visit(child, marked, inside)
+    visit(tree, cuda, test)
 
 
-def find_missing_devices(root: Path = TESTS) -> list[str]:
+def _enclosing_test(tree: ast.Module, line: int) -> str:
+    """The top-level function of `tree` that holds `line` ("" at module level)."""
+    return next((n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.lineno <= line <= n.end_lineno), "")
+
+
+def find_missing_devices(root: Path = TESTS, allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
+    allowed = ALLOWED_AUTO if allowed is None else allowed
     out: list[str] = []
     for path in sorted(root.rglob("*.py")):
         if path == Path(__file__).resolve():
@@ -78,11 +102,12 @@ def find_missing_devices(root: Path = TESTS) -> list[str]:
         where = str(path.relative_to(root.parent))
         tree = ast.parse(path.read_text(), filename=where)
         cuda = _module_marked_cuda(tree)
-        _missing_device(tree, cuda, where, 1, out)
+        _missing_device(tree, cuda, where, 1, out, allowed)
         cuda_lines = {ln for n in ast.walk(tree) if _marked_cuda(n)
                       for ln in range(n.lineno, n.end_lineno + 1)}
         for line, code in _code_in_strings(tree):
-            _missing_device(code, cuda or line in cuda_lines, where, line, out)
+            _missing_device(code, cuda or line in cuda_lines, where, line, out, allowed,
+                            _enclosing_test(tree, line))
     return out
 
 
@@ -122,10 +147,22 @@ with Session.open({str(tmp_path)!r}, model=None) as s:
 def test_gpu(tmp_path):
     Session.open(tmp_path, model=None)
     code = """Session.open(p)"""
+
+def test_auto(tmp_path):
+    Session.open(tmp_path, model=None, device="auto")
+    main(["bench", "--suite", "decode", "--device", "auto"])
+
+def test_auto_on_purpose(tmp_path):
+    Session.open(tmp_path, model=None)
+    code = """Session.open(p, device="auto")"""
 ''')
-    got = find_missing_devices(tmp_path / "tests")
+    got = find_missing_devices(tmp_path / "tests", {("tests/test_x.py", "test_auto_on_purpose"): "checks 'auto'"})
     assert got == ["tests/test_x.py:6: Session.open(...) without device=",
                    "tests/test_x.py:10: main(['demo', '--model', ...]) without --device",
                    "tests/test_x.py:12: BenchOptions(...) without device=",
+                   "tests/test_x.py:31: Session.open(..., device='auto')",
+                   "tests/test_x.py:32: main([..., '--device', 'auto'])",
                    "tests/test_x.py:16: Session.open(...) without device=",
                    "tests/test_x.py:21: Session.open(...) without device="], got
+    assert len(find_missing_devices(tmp_path / "tests", {})) == len(got) + 2   # the allowed test's two calls
+    assert all(why for why in ALLOWED_AUTO.values()), "each allowed 'auto' test says why"

@@ -353,9 +353,8 @@ def test_cuda_torch_graph_matches_cpu(name):
 
 
 @pytest.mark.cuda
+@pytest.mark.ort_cuda
 def test_cuda_onnxruntime_provider():
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip(f"onnxruntime offers {ort.get_available_providers()}")
     obs = observations(20)
     cpu = run(load_policy("builtin:gru", engines=("onnxruntime",)), obs)
     gpu = load_policy("builtin:gru", device="cuda", engines=("onnxruntime",))

@@ -148,7 +148,7 @@ def test_finite_extremes_pass_and_check_observation_changes_nothing():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("engine", ["torch", pytest.param("onnxruntime", marks=pytest.mark.ort_cuda)])
 def test_cuda_tensor_observation_is_checked_on_device(engine):
     runner = load_policy("builtin:gru", device="cuda", engines=(engine,))
     runner.step({"observation.state": torch.from_numpy(_obs(0)["observation.state"]).cuda()})

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devices import load_profile
 from capsule.llm import BlockTable, DecodeRow, GraphRunner, KVPool, load_model
-from capsule.llm.kv_pool import SCRATCH_BLOCK
+from capsule.llm.kv_pool import POOL_HEADROOM_MIN, SCRATCH_BLOCK, check_pool_fits
 from capsule.state.regions import RegionRegistry
 from capsule.errors import CapacityError
 
@@ -99,6 +100,21 @@ def test_pool_exhaustion_is_a_clear_error(tiny):
     assert pool.free_blocks == 1 and t.blocks == [1, 2]
     with pytest.raises(CapacityError, match="raise runtime.kv_pool_mb"):
         KVPool(tiny.cfg, pool_bytes=100, block_size=16, dtype=torch.float32, device="cpu")
+
+
+def test_a_cuda_pool_is_checked_against_free_memory_not_the_profile(tiny, monkeypatch):
+    gib = 2**30
+    pool = load_profile("cuda-desktop").runtime.kv_pool_bytes        # 4096 MiB, sized for a 24 GB card
+    check_pool_fits(pool, 20 * gib, 24 * gib)                         # a free 24 GB card: fits
+    check_pool_fits(pool, pool + POOL_HEADROOM_MIN, 4 * gib)          # exactly the headroom left
+    with pytest.raises(CapacityError, match=r"3072 MiB free of 8192 MiB.* 819 MiB must stay free.*at most 2252"):
+        check_pool_fits(pool, 3 * gib, 8 * gib)                       # an 8 GB card, weights loaded
+    with pytest.raises(CapacityError, match="free GPU memory .* or open with device='cpu'"):
+        check_pool_fits(pool, 256 * 2**20, 8 * gib)
+    # KVPool asks the device before it allocates: the error comes before any CUDA call here
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (gib, 8 * gib))
+    with pytest.raises(CapacityError, match="at most 204"):
+        KVPool(tiny.cfg, pool_bytes=pool, block_size=16, dtype=torch.float16, device="cuda")
 
 
 def test_prefill_rejects_overlong_streams(tiny):

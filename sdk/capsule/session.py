@@ -9,8 +9,9 @@ only through Session methods.
 
 Threading: a Session may be shared between threads. LLM and memory calls are serialized by one
 lock, act / reset by another, so a control loop's act never waits for a generate on a chat
-thread; checkpoint, rollback and close take both (in that order), so a capsule is a consistent
-cut and waits for a running LLM call. Several Sessions may live in one process (they share only
+thread (on CUDA not on the GPU either: a policy runs on its own stream, policy/buffers.py);
+checkpoint, rollback and close take both (in that order), so a capsule is a consistent cut and
+waits for a running LLM call. Several Sessions may live in one process (they share only
 read-only vocabularies).
 """
 from __future__ import annotations

@@ -14,6 +14,26 @@ from .config import ModelConfig
 
 SCRATCH_BLOCK = 0  # never handed out: padded batch rows write their K/V here
 _MADV_HUGEPAGE = 14
+# GPU memory a pool must leave free for what is allocated after it: a prefill chunk's
+# activations, the decode graphs' memory pool, the sampler, the policy engines' workspaces
+POOL_HEADROOM_MIN = 512 * 2**20
+POOL_HEADROOM_SHARE = 0.10   # of the device's total memory, when that is more than the minimum
+
+
+def check_pool_fits(pool_bytes: int, free_bytes: int, total_bytes: int) -> None:
+    """CapacityError unless a KV pool of `pool_bytes` fits into the device's *free* memory
+    (torch.cuda.mem_get_info: after the weights and other processes), with headroom. A
+    profile's nominal memory says nothing about what this process can still allocate."""
+    headroom = max(POOL_HEADROOM_MIN, int(POOL_HEADROOM_SHARE * total_bytes))
+    if pool_bytes + headroom <= free_bytes:
+        return
+    mib = 2**20
+    fits = max(free_bytes - headroom, 0) // mib
+    fix = (f"set runtime.kv_pool_mb to at most {fits}" if fits else
+           "free GPU memory (other processes hold it) or open with device='cpu'")
+    raise CapacityError(f"KV pool of {pool_bytes / mib:.0f} MiB does not fit on this GPU: {free_bytes / mib:.0f} "
+                        f"MiB free of {total_bytes / mib:.0f} MiB (after the weights and other processes), "
+                        f"and {headroom / mib:.0f} MiB must stay free for activations and graphs; {fix}")
 
 
 def advise_hugepages(t: torch.Tensor) -> bool:
@@ -54,6 +74,8 @@ class KVPool:
             raise CapacityError(f"KV pool of {pool_bytes} bytes holds {num_blocks} block(s) of "
                                 f"{block_bytes} bytes; raise runtime.kv_pool_mb to at least "
                                 f"{2 * block_bytes / 2**20:.2f}")
+        if torch.device(device).type == "cuda":   # before allocating: a clear error, not a CUDA OOM
+            check_pool_fits(num_blocks * block_bytes, *torch.cuda.mem_get_info(device))
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes

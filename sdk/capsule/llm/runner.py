@@ -10,12 +10,14 @@ own torch.Generator (host state of the stream, not a static buffer).
 from __future__ import annotations
 
 import bisect
+import functools
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from ..cudagraph import capture_graph
 from ..state.regions import RegionRegistry
 from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool, attended_blocks
 from .model import Decoder
@@ -171,26 +173,17 @@ class GraphRunner:
                             block_pos=block_pos)                                 # (b, 1, D)
         self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
-        # largest bucket first so the smaller graphs fit inside its memory pool
-        mem_pool = None
-        with torch.cuda.device(self.pool.tensor.device):  # streams and graphs on the pool's GPU
-            for b in sorted(self.buckets, reverse=True):
-                t0 = time.perf_counter()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(2):  # warm-up: lazy inits must not happen during capture
-                        self._decode_body(b)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=mem_pool):
-                    self._decode_body(b)
-                torch.cuda.synchronize()
-                mem_pool = graph.pool()
-                self.graphs[b] = graph
-                self.capture_seconds[b] = time.perf_counter() - t0
+        # largest bucket first so the smaller graphs fit inside its memory pool (one side stream
+        # for all of them, as torch asks of captures sharing a pool)
+        dev = self.pool.tensor.device          # streams and graphs on the pool's GPU
+        mem_pool, side = None, torch.cuda.Stream(dev)
+        for b in sorted(self.buckets, reverse=True):
+            t0 = time.perf_counter()
+            graph = capture_graph(functools.partial(self._decode_body, b), dev, pool=mem_pool, stream=side)
+            mem_pool = graph.pool()
+            self.graphs[b] = graph
+            self.capture_seconds[b] = time.perf_counter() - t0
 
     # -- prefill --------------------------------------------------------------------------
     @torch.inference_mode()

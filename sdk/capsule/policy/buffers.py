@@ -4,13 +4,25 @@ Every engine reads `obs` and `hidden` and writes `action` (and `hidden`, in plac
 storage never moves for the life of the runner, so a captured graph (CUDA graph, TensorRT
 tensor addresses, ONNX Runtime IOBinding) stays valid, and the checkpointer can restore
 `hidden` in place without re-binding anything.
+
+On CUDA the buffers come with the policy's own stream (`stream`): high priority, non-blocking
+(it never waits implicitly for the legacy default stream, where the LLM decodes), so a step
+never queues behind another thread's GPU work. Everything that writes the buffers runs on it
+(PolicyRunner.step, zero_) or finishes before a step starts (a restore synchronizes its copies).
 """
 from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
 
 import torch
 
 from ..state.regions import RegionRegistry
 from .spec import PolicySpec
+
+
+# torch maps a priority beyond its range to its highest (lower numbers run first)
+HIGH_PRIORITY = -(2**10)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -37,6 +49,14 @@ class PolicyBuffers:
             self.hidden = torch.zeros((1, *spec.hidden_shape), dtype=torch_dtype(spec.hidden_dtype),
                                       device=dev)                                  # (1, *H)
         self.device: torch.device = self.action.device  # with its index: "cuda" -> cuda:0
+        self.stream: torch.cuda.Stream | None = None
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device, priority=HIGH_PRIORITY)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))   # the zero fills above
+
+    def on_stream(self) -> ContextManager:
+        """Make the policy's stream current (CUDA); nothing on CPU."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Region name -> tensor, in registration order."""
@@ -52,10 +72,15 @@ class PolicyBuffers:
             role = "output" if name == "policy.action" else "policy" if name == "policy.hidden" else "input"
             registry.register(name, t, role)
 
-    def zero_(self) -> None:
-        """Zero every buffer in place (after engine warm-up, which ran on zeros)."""
-        for t in self.tensors().values():
-            t.zero_()
+    def zero_(self, *, hidden_only: bool = False) -> None:
+        """Zero every buffer (or only hidden) in place, on the policy's stream, and return when
+        that is done: a checkpoint reads them next from another thread's stream."""
+        with self.on_stream():
+            for name, t in self.tensors().items():
+                if not hidden_only or name == "policy.hidden":
+                    t.zero_()
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def data_ptrs(self) -> dict[str, int]:
         return {name: t.data_ptr() for name, t in self.tensors().items()}

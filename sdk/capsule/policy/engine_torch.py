@@ -1,7 +1,8 @@
 """torch engine: the builtin torch module over the static buffers; a CUDA graph on CUDA.
 
 On CUDA the step (forward + copy_ into action/hidden) is captured once into a CUDA graph and
-replayed: a step launches one graph and allocates nothing. On CPU it runs eagerly over the
+replayed on the current stream (the policy's own, made current by the runner): a step launches
+one graph and allocates nothing. On CPU it runs eagerly over the
 same buffers (small temporaries come from torch's CPU allocator; the buffers never move).
 Not thread-safe: the runner serializes calls.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cudagraph import capture_graph
 from .buffers import PolicyBuffers
 from .source import EngineUnavailable, PolicySource
 
@@ -38,20 +40,8 @@ class TorchEngine:
         if hidden is not None:
             b.hidden.copy_(hidden)                      # in place: the checkpointed region
 
-    @torch.inference_mode()
     def _capture(self) -> None:
-        with torch.cuda.device(self.buffers.device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy inits (cuBLAS handles) must not happen in capture
-                    self._body()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._body()
-            torch.cuda.synchronize()
-        self.graph = graph
+        self.graph = capture_graph(self._body, self.buffers.device)
 
     @torch.inference_mode()
     def run(self) -> None:

@@ -7,8 +7,9 @@ under cache_dir()/policy/trt, keyed by TensorRT version, GPU compute capability 
 precision, input shapes and the model digest. Tensor addresses are set once
 (set_tensor_address) to the static buffers; `hidden_out` goes to a static twin that is
 copied into buffers.hidden inside the same graph. The step (execute_async_v3 + that copy) is
-captured into a CUDA graph; a step is one replay on torch's current stream and allocates
-nothing. Not thread-safe: the runner serializes calls. probe_tensorrt is this engine's doctor probe.
+captured into a CUDA graph; a step is one replay on torch's current stream (the policy's own,
+PolicyBuffers.stream: the runner makes it current) and allocates nothing. Not thread-safe:
+the runner serializes calls. probe_tensorrt is this engine's doctor probe.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cudagraph import capture_graph
 from ..paths import cache_dir, write_private
 from .buffers import PolicyBuffers, torch_dtype
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
@@ -113,17 +115,8 @@ class TensorRTEngine:
             self.buffers.hidden.copy_(self.hidden_next)  # in place, same stream: (1, H) <- (1, H)
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream(self.buffers.device)
-        side.wait_stream(torch.cuda.current_stream(self.buffers.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # TensorRT defers some setup to the first enqueue: not in capture
-                self._enqueue()
-        side.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, stream=side):
-                self._enqueue()
-            torch.cuda.synchronize(self.buffers.device)
+        try:  # the warm-up enqueues run TensorRT's deferred setup outside the capture
+            graph = capture_graph(self._enqueue, self.buffers.device)
         except RuntimeError as exc:  # some plans are not capturable: run them enqueue by enqueue
             log.warning("tensorrt: CUDA graph capture failed (%s); running without a graph", exc)
             self.detail += ", no CUDA graph"
@@ -132,7 +125,8 @@ class TensorRTEngine:
         self.detail += ", CUDA graph"
 
     def run(self) -> None:
-        # hot path: one graph replay (or one enqueue) on torch's current stream; no allocation
+        # hot path: one graph replay (or one enqueue) on torch's current stream (the policy's);
+        # no allocation
         if self.graph is not None:
             self.graph.replay()                  # CUDAGraph.replay guards its own device
         else:

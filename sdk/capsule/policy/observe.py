@@ -7,9 +7,9 @@ so a bad observation leaves the buffers (which are checkpointed) untouched and n
 
 Finiteness cost: a numpy array or a CPU tensor is checked on the host into a preallocated bool
 buffer (no allocation). A CUDA tensor is checked on its device with one host sync per step
-(``torch.isfinite(x).all()`` read back) before the engine is launched: the onnxruntime engine
-synchronizes torch's stream there anyway, and every engine's action readback syncs at the end
-of the step. To avoid that extra sync, pass observations from the host.
+(``torch.isfinite(x).all()`` read back) before the engine is launched, and the policy's stream
+first waits for the caller's stream, where the tensor was made (and where another thread's GPU
+work may be queued). To avoid both, pass observations from the host.
 
 On CPU a numpy observation is copied straight into a numpy view of the buffer; on CUDA through
 a pinned host staging buffer allocated once. Not thread-safe: the runner serializes calls.

@@ -5,8 +5,11 @@ the static buffers once, then tries the requested engines in order and keeps the
 builds here, logging one line on logger "capsule.policy" that says which engine runs and why
 the others were skipped. A step validates the observation, copies it into the obs buffers,
 runs the engine (obs + hidden -> action, hidden in place) and returns a fresh numpy copy of
-the action. Threading: a PolicyRunner is not thread-safe; the Session serializes step,
-reset_state and checkpoint/restore of the buffers.
+the action. On CUDA all of it runs on the buffers' own stream (buffers.py) and the step waits
+on one event for the action, so it never waits for another thread's GPU work (given a numpy
+observation: a CUDA tensor is ordered after the caller's stream, which may hold such work).
+Threading: a PolicyRunner is not thread-safe; the Session serializes step, reset_state and
+checkpoint/restore of the buffers.
 """
 from __future__ import annotations
 
@@ -46,12 +49,16 @@ class PolicyRunner:
         self.skipped: dict[str, str] = dict(skipped or {})
         self._obs = ObservationLoader(spec, buffers)
         action = buffers.action[0]                                   # ([T,] A) view, made once
-        if buffers.device.type == "cpu":
-            self._action_src, self._action_host = action, action
-        else:  # device -> pinned host, then a numpy copy
-            self._action_src = action
-            self._action_host = torch.zeros(action.shape, dtype=action.dtype, pin_memory=True)
+        self._action_src = action
+        # CPU: the buffer is its own host copy; CUDA: device -> pinned host, then a numpy copy
+        self._action_host = action if buffers.device.type == "cpu" else torch.zeros(
+            action.shape, dtype=action.dtype, pin_memory=True)
         self._action_np = self._action_host.numpy()
+        # CUDA: the step waits for this event (recorded after the action's copy to the host on
+        # the policy's stream), never for a whole stream or the device: other threads' GPU work
+        # (the LLM's decode) is not in the policy stream's order
+        self._stream = buffers.stream
+        self._read = torch.cuda.Event() if self._stream is not None else None
 
     def step(self, observation: Mapping[str, Any]) -> np.ndarray:
         """One policy step: observation -> action shaped spec.action_shape (a new array).
@@ -61,11 +68,19 @@ class PolicyRunner:
         the engine does not run then. Recurrent policies carry buffers.hidden to the next step.
         A CUDA tensor observation costs one extra host sync for its finiteness check.
         """
-        self._obs.load(observation)          # validate, then copy into the static obs buffers
-        self.engine.run()                    # obs, hidden -> action, hidden (in place)
-        if self._action_host is not self._action_src:
-            self._action_host.copy_(self._action_src)   # synchronous D2H into pinned memory
-        return self._action_np.copy()        # the only allocation of a step: the caller's array
+        if self._stream is None:
+            self._obs.load(observation)      # validate, then copy into the static obs buffers
+            self.engine.run()                # obs, hidden -> action, hidden (in place)
+            return self._action_np.copy()    # the only allocation of a step: the caller's array
+        if _has_device_tensor(observation):  # made on the caller's stream: the policy's waits for it
+            self._stream.wait_stream(torch.cuda.current_stream(self.buffers.device))
+        with torch.cuda.stream(self._stream):
+            self._obs.load(observation)
+            self.engine.run()                # graph replay / enqueue / ORT on the policy's stream
+            self._action_host.copy_(self._action_src, non_blocking=True)
+            self._read.record(self._stream)
+        self._read.synchronize()
+        return self._action_np.copy()
 
     def check_observation(self, observation: Mapping[str, Any]) -> None:
         """Validate an observation as step would (keys, shape, dtype, finite), changing nothing."""
@@ -74,11 +89,16 @@ class PolicyRunner:
     def reset_state(self) -> None:
         """Start a new episode: hidden <- zeros, in place (same storage; graphs stay valid)."""
         if self.buffers.hidden is not None:
-            self.buffers.hidden.zero_()
+            self.buffers.zero_(hidden_only=True)
 
     def __repr__(self) -> str:
         return (f"PolicyRunner({self.spec.name!r}, engine={self.engine_name!r} ({self.engine_detail}), "
                 f"device={self.buffers.device})")
+
+
+def _has_device_tensor(observation: Any) -> bool:
+    return isinstance(observation, Mapping) and any(
+        isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in observation.values())
 
 
 def load_policy(source: str | os.PathLike, *, device: torch.device | str = "cpu",

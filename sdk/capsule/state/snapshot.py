@@ -183,6 +183,10 @@ class Snapshotter:
         for region, flat, digests in staged.regions:
             region.tensor.view(-1).view(torch.uint8).copy_(flat)
             self._digests[region.name] = digests
+        # other streams read these buffers next (a policy steps on its own stream, outside this
+        # stream's order): the copies land before apply returns
+        for dev in {region.tensor.device for region, _, _ in staged.regions if region.tensor.is_cuda}:
+            torch.cuda.current_stream(dev).synchronize()
         self._host = dict(staged.blobs)
         self.full = False  # the live state now equals the capsule: the next one is a delta over it
 
