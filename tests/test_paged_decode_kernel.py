@@ -1,8 +1,8 @@
 """The Triton paged decode kernel equals capsule.llm.paged_attention (T=1) on its mask rules.
 
 CPU tests run the kernel under Triton's interpreter (TRITON_INTERPRET=1, set per test: triton
-reads it when the kernel is built, and the module caches one kernel per mode); they skip when
-triton is not installed. The cuda test runs the compiled kernel, also inside a CUDA graph.
+reads it when the kernel is built, and the module caches one kernel per mode); triton is in the
+test extra (a missing one fails). The cuda test runs the compiled kernel, also inside a CUDA graph.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from capsule.llm.paged_attention import paged_attention
 from edge_kernels import paged_decode
 from edge_kernels.paged_decode import paged_decode_attention
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton is not installed (pip install triton)")
+# triton is in the test extra: a missing one fails these tests, it does not skip them
+assert importlib.util.find_spec("triton") is not None, \
+    "triton is not installed: pip install -e '.[test]' (the test extra lists it)"
 H, KV, HD, BS, NB, NBLK = 9, 3, 64, 16, 24, 6        # GQA 3 query heads per kv head
 
 
@@ -60,7 +61,6 @@ def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:
                                   c["valid"] if holes else None, **kw)
 
 
-@needs_triton
 @pytest.mark.parametrize("holes", [False, True])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_fp32_equals_reference(interpret, holes, splits):
@@ -69,7 +69,6 @@ def test_fp32_equals_reference(interpret, holes, splits):
     torch.testing.assert_close(got, _reference(c, holes), rtol=1e-5, atol=1e-5)
 
 
-@needs_triton
 def test_fp16_pool_under_fp32_q_casts_on_read(interpret):
     c = _case(pool_dtype=torch.float16)
     got = _kernel(c, True, num_splits=2)
@@ -77,7 +76,6 @@ def test_fp16_pool_under_fp32_q_casts_on_read(interpret):
     torch.testing.assert_close(got, _reference(c, True), rtol=1e-5, atol=1e-5)
 
 
-@needs_triton
 def test_fp16_q_and_pool(interpret):
     c = _case(pool_dtype=torch.float16, q_dtype=torch.float16)
     got = _kernel(c, True)
@@ -85,7 +83,6 @@ def test_fp16_q_and_pool(interpret):
     torch.testing.assert_close(got.float(), _reference32(c), rtol=1e-3, atol=1e-3)
 
 
-@needs_triton
 def test_reads_only_live_readable_slots(interpret):
     # NaN in every slot past a row's length and in every hole: the reference (on the clean pool)
     # is matched exactly, so the kernel never weights them (0 * NaN would show)
@@ -102,7 +99,6 @@ def test_reads_only_live_readable_slots(interpret):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@needs_triton
 def test_four_dim_q_and_int64_tables(interpret):
     c = _case(seed=2)
     got = paged_decode_attention(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"].long(),
@@ -139,7 +135,6 @@ def test_missing_triton_names_the_install(monkeypatch):
 
 
 @pytest.mark.cuda
-@needs_triton
 @pytest.mark.parametrize("pool_dtype,q_dtype,tol", [(torch.float32, torch.float32, 1e-5),
                                                     (torch.float16, torch.float32, 1e-5),
                                                     (torch.float16, torch.float16, 1e-3)])
@@ -163,7 +158,6 @@ def test_cuda_equals_reference_and_replays_in_a_graph(monkeypatch, pool_dtype, q
         torch.testing.assert_close(out.float(), _reference32({**c, "lens": lens}), rtol=tol, atol=tol)
 
 
-@needs_triton
 def test_odd_head_dim_small_blocks_no_gqa(interpret):
     # hd 80 pads to 128 lanes; bs 4 < the 16-slot tile, so one tile spans four blocks
     g = torch.Generator().manual_seed(3)
