@@ -34,6 +34,14 @@ for _var, _name in _CACHES.items():
 
 import torch  # noqa: E402
 
+# Triton's CPU interpreter must be chosen before triton is first imported: torch's ONNX export
+# imports it through dynamo, and triton.language builds its own jitted helpers then, which the
+# interpreter cannot call later ("Cannot call @triton.jit'd outside of the scope of a kernel").
+# Without a CUDA device the interpreter is the only way triton runs, so the session picks it now.
+if "TRITON_INTERPRET" not in os.environ:
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 # what the tests and the SDK name their temporary files and folders (the caches above, and
 # what libraries write there, such as onnxruntime's .ses, are the run's, not leaks)
 OWN_PREFIXES = ("capsule-", "tmp")

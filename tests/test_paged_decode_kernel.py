@@ -128,7 +128,7 @@ def test_cpu_without_interpreter_says_so(monkeypatch):
 
 def test_missing_triton_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)        # import triton -> ImportError
-    monkeypatch.setattr(paged_decode, "_KERNELS", {})
+    monkeypatch.delitem(sys.modules, "edge_kernels.paged_decode_kernel", raising=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ImportError, match="pip install triton"):
         _kernel(_case(), False)
