@@ -22,6 +22,10 @@ from .regions import Region, RegionRegistry
 
 HOST_PAGE = 4096
 KV_REGION = "kv_pool"
+# KV blocks go out through one reused staging buffer of about this size (on CUDA also one pinned
+# host buffer): a full checkpoint of an 8 GB unified-memory device must not gather the whole pool
+# into a second device tensor plus a pinned copy (three pools at once)
+STAGING_BYTES = 8 << 20
 Page = tuple[str, int, bytes]
 
 
@@ -58,6 +62,13 @@ class Snapshotter:
         self._host: dict[str, bytes] = {}
         self.full = True  # the next capture writes every live page (first epoch, after a failed write)
         self._side: "torch.cuda.Stream | None" = None       # staging stream, made on first CUDA use
+        self._stage: torch.Tensor | None = None              # (c, L, 2, bs, KV, hd) on the pool's device
+        self._stage_host: torch.Tensor | None = None         # its pinned twin (CUDA only)
+
+    @property
+    def staging(self) -> torch.Tensor | None:
+        """The reused KV staging buffer (None before the first capture of KV blocks)."""
+        return self._stage
 
     def saved_regions(self) -> list[Region]:
         return [r for r in self.registry if r.role not in ("output", "kv")]
@@ -81,11 +92,33 @@ class Snapshotter:
         if not blocks:
             return []
         pool = self.registry[KV_REGION].tensor                               # (NB, L, 2, bs, KV, hd)
-        idx = torch.tensor(blocks, device=pool.device)
-        # one gather and one device->host copy for all dirty blocks
-        picked = pool.index_select(0, idx)                                   # (n, L, 2, bs, KV, hd)
-        raw = to_host(picked, self._stream(pool)).view(torch.uint8).numpy().reshape(len(blocks), -1)
-        return [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(blocks)]
+        stage, host = self._staging(pool)
+        per, out = stage.shape[0], []
+        for lo in range(0, len(blocks), per):
+            chunk = blocks[lo:lo + per]
+            n = len(chunk)
+            # one gather and one device->host copy per chunk, into the same buffers every time
+            torch.index_select(pool, 0, torch.tensor(chunk, device=pool.device), out=stage[:n])
+            if host is not None:
+                side = self._stream(pool)
+                side.wait_stream(torch.cuda.current_stream(pool.device))    # the writes of the blocks
+                with torch.cuda.stream(side):
+                    host[:n].copy_(stage[:n], non_blocking=True)
+                side.synchronize()
+            raw = (stage if host is None else host)[:n].view(torch.uint8).numpy().reshape(n, -1)
+            out += [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(chunk)]
+        return out
+
+    def _staging(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The reused staging buffers for KV blocks: STAGING_BYTES worth of blocks (at least one)."""
+        block_bytes = pool[0].numel() * pool.element_size()
+        per = max(1, min(pool.shape[0], STAGING_BYTES // block_bytes))
+        if self._stage is None or self._stage.shape[0] != per or self._stage.device != pool.device \
+                or self._stage.dtype != pool.dtype or self._stage.shape[1:] != pool.shape[1:]:
+            self._stage = torch.empty((per, *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
+            self._stage_host = None if pool.device.type != "cuda" else torch.empty(
+                self._stage.shape, dtype=pool.dtype, pin_memory=True)
+        return self._stage, self._stage_host
 
     def _region_pages(self, region: Region) -> list[Page]:
         data = _as_bytes(region.tensor, self._stream(region.tensor))
