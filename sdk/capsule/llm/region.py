@@ -151,11 +151,11 @@ def fill(table: BlockTable, region: Region, model: Decoder,
     mark_holes(table, region)   # all holes until the new facts are written
     # the old facts' K/V outside the new run: masked, but wiped so a forgotten fact's bytes
     # leave the pool (and the next capsule) with it
+    by_token = table.pool.tensor.permute(0, 3, 1, 2, 4, 5)               # (NB, bs, L, 2, KV, hd)
+    bs = table.pool.block_size
     for a, b in ((old_lo, min(old_hi, lo)), (max(old_lo, region.end), old_hi)):
         if a < b:
-            by_token = table.pool.tensor.permute(0, 3, 1, 2, 4, 5)       # (NB, bs, L, 2, KV, hd)
             slots = table.slot_range(a, b)
-            bs = table.pool.block_size
             by_token[torch.div(slots, bs, rounding_mode="floor"), slots % bs] = 0
     if not facts:
         return
@@ -164,13 +164,9 @@ def fill(table: BlockTable, region: Region, model: Decoder,
         placed.append((fid, at, kv.shape[0]))
         at += kv.shape[0]
     dev = table.pool.tensor.device
-    kvs = [kv for _, kv in facts]
-    if key_scale != 1.0:   # sharper attention over facts encoded apart (APE's temperature)
-        kvs = [kv.clone() for kv in kvs]
-        for kv in kvs:
-            kv[:, :, 0].mul_(key_scale)
-    # all facts in one rotate + scatter pass: (sum T, L, 2, KV, hd)
-    rotate_scatter_tokens(table.pool.tensor, kvs, torch.arange(lo, region.end, device=dev),
-                          table.slot_range(lo, region.end), model.rope_cos, model.rope_sin)
+    # all facts in one rotate + scatter pass: (sum T, L, 2, KV, hd); key_scale < 1 / > 1 is the
+    # sharper / softer attention over facts encoded apart (APE's temperature)
+    rotate_scatter_tokens(table.pool.tensor, [kv for _, kv in facts], torch.arange(lo, region.end, device=dev),
+                          table.slot_range(lo, region.end), model.rope_cos, model.rope_sin, key_scale)
     region.facts = placed
     mark_holes(table, region)

@@ -62,6 +62,11 @@ class MemoryConfig:
             raise ValueError(f"MemoryConfig.embedder must be 'auto', 'minilm', a folder path or None, "
                              f"got {self.embedder!r}")
 
+    @property
+    def key_scale(self) -> float:
+        """What injection multiplies the facts' keys by: 1 / temperature."""
+        return 1.0 / self.temperature
+
     @classmethod
     def of(cls, value: "MemoryConfig | Mapping[str, Any] | None") -> "MemoryConfig":
         if value is None:

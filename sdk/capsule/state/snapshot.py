@@ -33,15 +33,17 @@ def _digest(b: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(b)
 
 
-def to_host(t: torch.Tensor, side: "torch.cuda.Stream | None" = None) -> torch.Tensor:
-    """Host copy of t. On CUDA the copy goes into pinned memory on a side stream, so it waits
-    only for the work that wrote t, and the caller's stream is never blocked by staging."""
+def to_host(t: torch.Tensor, side: "torch.cuda.Stream | None" = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host copy of t. On CUDA the copy goes into pinned memory (`out` when given, a reused
+    buffer of t's shape) on a side stream, so it waits only for the work that wrote t, and the
+    caller's stream is never blocked by staging."""
     if t.device.type != "cuda":
         return t.detach().contiguous()
     side = side or torch.cuda.Stream(device=t.device)
     side.wait_stream(torch.cuda.current_stream(t.device))   # the step that wrote t comes first
     with torch.cuda.stream(side):
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if out is None else out
         host.copy_(t, non_blocking=True)
         t.record_stream(side)                               # keep t alive until the copy ran
     side.synchronize()
@@ -99,13 +101,8 @@ class Snapshotter:
             n = len(chunk)
             # one gather and one device->host copy per chunk, into the same buffers every time
             torch.index_select(pool, 0, torch.tensor(chunk, device=pool.device), out=stage[:n])
-            if host is not None:
-                side = self._stream(pool)
-                side.wait_stream(torch.cuda.current_stream(pool.device))    # the writes of the blocks
-                with torch.cuda.stream(side):
-                    host[:n].copy_(stage[:n], non_blocking=True)
-                side.synchronize()
-            raw = (stage if host is None else host)[:n].view(torch.uint8).numpy().reshape(n, -1)
+            picked = to_host(stage[:n], self._stream(pool), None if host is None else host[:n])
+            raw = picked.view(torch.uint8).numpy().reshape(n, -1)
             out += [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(chunk)]
         return out
 

@@ -19,6 +19,7 @@ TTFT: wall time to the first token (memory_ttft's measure), recall included in b
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,7 +35,7 @@ QUESTIONS, QUICK_QUESTIONS = 200, 20
 WINDOW = 32                                      # context-window encoding: tokens of filler before a fact
 PREFIX_TEMPERATURE = 0.7                         # MemoryConfig.temperature of the shared-prefix mode
 PREFIX_MODE = f"injected prefix T={PREFIX_TEMPERATURE}"
-PREFILLED = ("prefilled", "prefilled best-last")
+PREFILLED = {"prefilled": "rank", "prefilled best-last": "region"}   # mode -> the facts' order
 MAX_NEW_TOKENS, STOP = 16, "\n"
 MAX_FACT_TOKENS, KV_POOL_MB, MAX_CONTEXT = 32, 256, 4096
 TARGET_POINTS, TARGET_RATIO = 3.0, 5.0           # injected within 3 points of prefilled at k=50, TTFT >= 5x lower
@@ -71,7 +72,7 @@ class _Run:
         self.s.append(text, stream=name)
         return name
 
-    def injected(self, system: str, turn: str, k: int, order: str = "") -> tuple[float, str, list[str], int]:
+    def injected(self, system: str, turn: str, k: int) -> tuple[float, str, list[str], int]:
         name = self.fresh(system, turn)
         dt, ans = _answer(self.s, name, k, self.clock)
         st = self.s.engine.streams[name]
@@ -84,9 +85,10 @@ class _Run:
         """order "rank": best-ranked first; "region": best last, as the memory region holds them.
         The chosen facts are returned in the region's order either way (the same-facts check)."""
         t0 = self.clock()
-        chosen = [f.text for f in self.s.recall(turn, k)][::-1]   # the query generate(memory_k) uses
+        ranked = [f.text for f in self.s.recall(turn, k)]   # the query generate(memory_k) uses
         t_recall = self.clock() - t0
-        name = self.fresh(system, "".join(chosen if order == "region" else chosen[::-1]) + turn)
+        chosen = ranked[::-1]                               # the region's order: the best last
+        name = self.fresh(system, "".join(chosen if order == "region" else ranked) + turn)
         dt, ans = _answer(self.s, name, 0, self.clock)
         n_tok = len(self.s.tokens(name))
         self.s.drop_stream(name)
@@ -102,10 +104,20 @@ def _open(path: Path, opts: BenchOptions, window: int, embedder: str | None, reg
                                 "temperature": temperature})
 
 
-# injected mode -> (store name, window, temperature, what each fact is encoded after)
-ENCODINGS = {"injected w=0": ("w0", 0, 1.0, "nothing"),
-             f"injected w={WINDOW}": (f"w{WINDOW}", WINDOW, 1.0, "its filler"),
-             PREFIX_MODE: ("prefix", WINDOW, PREFIX_TEMPERATURE, "the system text")}
+@dataclass(frozen=True)
+class Encoding:
+    """How an injected mode's facts are remembered: its store, MemoryConfig window and
+    temperature, and what each fact is encoded after (its filler, or the system text)."""
+    store: str
+    window: int
+    temperature: float
+    after_system: bool
+    after: str            # for the report
+
+
+ENCODINGS = {"injected w=0": Encoding("w0", 0, 1.0, False, "nothing"),
+             f"injected w={WINDOW}": Encoding(f"w{WINDOW}", WINDOW, 1.0, False, "its filler"),
+             PREFIX_MODE: Encoding("prefix", WINDOW, PREFIX_TEMPERATURE, True, "the system text")}
 
 
 def region_for(k: int, longest: int, block: int = 16) -> int:
@@ -124,17 +136,17 @@ def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
     spec = None if emb is None else "auto"
     system, _ = prompt_parts("")
     longest = 1
-    for mode, (name, window, _, after) in ENCODINGS.items():
-        with _open(tmp / f"accuracy-{name}", opts, window, spec, MAX_FACT_TOKENS) as s:
+    for enc in ENCODINGS.values():
+        with _open(tmp / f"accuracy-{enc.store}", opts, enc.window, spec, MAX_FACT_TOKENS) as s:
             for text, ctx in qa.facts():
-                s.remember(text, context=system if after == "the system text" else ctx)
+                s.remember(text, context=system if enc.after_system else ctx)
             longest = max(longest, max(f.n_tokens for f in s.memory.store.facts()))
     say(f"accuracy: {len(qa.facts())} facts remembered per encoding {list(ENCODINGS)}; longest {longest} tokens")
     rows, examples, same = [], [], 0
     for k in ks:
         region = region_for(k, longest)
-        sessions = [_open(tmp / f"accuracy-{name}", opts, w, spec, region, t)
-                    for name, w, t, _ in ENCODINGS.values()]
+        sessions = [_open(tmp / f"accuracy-{enc.store}", opts, enc.window, spec, region, enc.temperature)
+                    for enc in ENCODINGS.values()]
         try:
             runs = [_Run(s, {f.id: f.text for f in s.memory.store.facts()},
                          make_clock(s.engine.pool.tensor.device)) for s in sessions]
@@ -162,8 +174,8 @@ def _measure(qa: QASet, k: int, modes: dict[str, _Run], say: Callable[[str], Non
         system, turn = prompt_parts(item.question)
         chosen_by = []
         for mode, run in modes.items():                             # interleaved: the same load
-            call = run.prefilled if mode in PREFILLED else run.injected
-            dt, ans, chosen, n_tok = call(system, turn, k, "region" if mode.endswith("best-last") else "rank")
+            dt, ans, chosen, n_tok = (run.prefilled(system, turn, k, PREFILLED[mode]) if mode in PREFILLED
+                                      else run.injected(system, turn, k))
             chosen_by.append(tuple(chosen))
             hit = item.fact in chosen
             if qi:
@@ -248,7 +260,7 @@ def accuracy_section(tmp: Path, opts: BenchOptions, untrained: bool, say: Callab
            "interleaved per question: prefilled = Session.recall(turn, k) then the k facts' text prefilled "
            "between system and question, best-ranked first (prefilled) or last (prefilled best-last); "
            "injected = generate(memory_k=k) on system + question, each fact's K/V encoded after "
-           + "; ".join(f"{after} ({m})" for m, (_, _, _, after) in ENCODINGS.items())
+           + "; ".join(f"{enc.after} ({m})" for m, enc in ENCODINGS.items())
            + f", injected against the region's end, the best-ranked last; {PREFIX_MODE}: keys scaled by "
            f"1/{PREFIX_TEMPERATURE} (MemoryConfig.temperature); the same k facts in every mode "
            "(same_facts_all_modes); greedy, up to "
