@@ -57,7 +57,7 @@ def rotate_scatter(kv_pool: torch.Tensor, k_pre: torch.Tensor, v: torch.Tensor,
 def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
                           positions: torch.Tensor, slots: torch.Tensor,
                           cos_table: torch.Tensor, sin_table: torch.Tensor,
-                          key_scale: float = 1.0) -> None:
+                          key_scale: float | torch.Tensor = 1.0) -> None:
     """Concatenate token-major K/V parts, rotate their keys to `positions`, write them to `slots`.
 
     kv_pool: (NB, L, 2, bs, KV, hd), fp32/fp16/bf16, written in place;
@@ -67,7 +67,8 @@ def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
     block * bs + offset, each < NB * bs; cos_table, sin_table: fp32 (P, hd), i.e.
     Decoder.rope_cos / rope_sin after prepare_rope. The rotation is computed in fp32 and
     rounded once to the pool dtype (fp32 pools: bit-identical to Decoder.forward's keys).
-    key_scale multiplies the keys in fp32 before the rotation (a memory temperature; 1: none).
+    key_scale multiplies the keys in fp32 before the rotation (a memory temperature; 1: none):
+    one float for every token, or a (T,) fp32 tensor, one per token (e.g. per fact).
     Token-major parts make this one concatenation (a memcpy per part), an in-place rotation
     and one scatter, whatever the number of parts. The caller marks the blocks dirty
     (BlockTable.slots does) and owns slot allocation.
@@ -91,6 +92,10 @@ def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
     if cos_table.dtype != torch.float32 or sin_table.dtype != torch.float32:
         raise ValueError(f"cos/sin tables must be fp32 (angles in fp32), got {cos_table.dtype}, "
                          f"{sin_table.dtype}")
+    if isinstance(key_scale, torch.Tensor) and (key_scale.dtype != torch.float32
+                                                or tuple(key_scale.shape) != (T,)):
+        raise ValueError(f"key_scale must be a float or an fp32 tensor of shape ({T},), got "
+                         f"{key_scale.dtype} {tuple(key_scale.shape)}")
     if T == 0:
         return
     dev = kv_pool.device
@@ -112,8 +117,10 @@ def rotate_scatter_tokens(kv_pool: torch.Tensor, parts: Sequence[torch.Tensor],
 
     buf = torch.cat([p.to(dev) for p in parts])                           # (T, L, 2, KV, hd), ours
     k = buf[:, :, 0].float()              # (T, L, KV, hd) fp32: a view of buf when buf is fp32
-    if key_scale != 1.0:
-        k.mul_(key_scale)                 # buf is our concatenation: the parts stay untouched
+    if isinstance(key_scale, torch.Tensor):
+        k.mul_(key_scale.to(dev).view(T, 1, 1, 1))   # buf is our concatenation: parts untouched
+    elif key_scale != 1.0:
+        k.mul_(key_scale)
     _rotate_(k, cos_table.to(dev)[positions].view(T, 1, 1, hd), sin_table.to(dev)[positions].view(T, 1, 1, hd))
     if buf.dtype != kv_pool.dtype or k.data_ptr() != buf.data_ptr():
         out = torch.empty(buf.shape, dtype=kv_pool.dtype, device=dev)

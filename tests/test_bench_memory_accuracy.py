@@ -11,7 +11,7 @@ import capsule.tools.bench.memory_qa as memory_qa
 from capsule.cli import build_parser, main
 from capsule.errors import CapsuleError
 from capsule.tools.bench import BenchOptions, run_suite
-from capsule.tools.bench.memory_accuracy import (KS, PREFIX_MODE, QUICK_KS, QUICK_QUESTIONS, SKIPPED, accuracy_section,
+from capsule.tools.bench.memory_accuracy import (KS, PREFIX_MODE, QUICK_KS, RANKED_MODE, QUICK_QUESTIONS, SKIPPED, accuracy_section,
                                                  prompt_parts, region_for, side_by_side, targets)
 from capsule.tools.bench.memory_qa import (QADataError, build_qa, chitchat_file, chitchat_lines,
                                            mentioned_places, score)
@@ -157,7 +157,7 @@ def test_accuracy_section_quick_end_to_end(tmp_path, monkeypatch):
     assert data["settings"]["sections"] == ["accuracy"] and "ttft" not in data["results"]
     acc = data["results"]["accuracy"]
     rows = acc["rows"]
-    modes = ("prefilled", "prefilled best-last", "injected w=0", "injected w=32", PREFIX_MODE)
+    modes = ("prefilled", "prefilled best-last", "injected w=0", "injected w=32", PREFIX_MODE, RANKED_MODE)
     assert [(r["mode"], r["k"]) for r in rows] == [(m, k) for k in QUICK_KS for m in modes]
     for r in rows:
         n = r["questions"]

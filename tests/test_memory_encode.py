@@ -291,3 +291,26 @@ def test_rotate_scatter_cuda_matches_cpu():
         rotate_scatter(gpu, k, v, pos.cuda(), slots.cuda(), cos.cuda(), sin.cuda())
         # same fp32 tables, elementwise IEEE ops, one correctly rounded cast: bit-identical
         assert torch.equal(gpu.cpu(), cpu), dtype
+
+
+def test_rotate_scatter_tokens_per_token_key_scale():
+    # a (T,) scale tensor scales each token's keys (values untouched), as scaling it alone would
+    from capsule.llm.rope import rope_tables
+    L, KV, hd, bs = 2, 2, 16, 4
+    cos, sin = rope_tables(RopeConfig(), hd, 64)
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(T, L, 2, KV, hd, generator=g) for T in (3, 4)]
+    pos, slots = torch.arange(10, 17), torch.arange(7) + 4
+    scale = torch.tensor([2.0, 2.0, 2.0, 0.5, 0.5, 0.5, 0.5])
+    got = torch.zeros(4, L, 2, bs, KV, hd)
+    rotate_scatter_tokens(got, parts, pos, slots, cos, sin, scale)
+    want = torch.zeros_like(got)
+    rotate_scatter_tokens(want, parts[:1], pos[:3], slots[:3], cos, sin, 2.0)
+    rotate_scatter_tokens(want, parts[1:], pos[3:], slots[3:], cos, sin, 0.5)
+    assert torch.equal(got, want) and got[:, :, 0].abs().sum() > 0
+    plain = torch.zeros_like(got)
+    rotate_scatter_tokens(plain, parts, pos, slots, cos, sin)
+    assert torch.equal(got[:, :, 1], plain[:, :, 1]) and not torch.equal(got[:, :, 0], plain[:, :, 0])
+    for bad in (torch.ones(6), torch.ones(7, dtype=torch.float64), torch.ones(7, 1)):
+        with pytest.raises(ValueError, match="key_scale"):
+            rotate_scatter_tokens(got, parts, pos, slots, cos, sin, bad)

@@ -443,3 +443,36 @@ def test_memory_temperature_scales_the_injected_keys_only(tmp_path):
         with pytest.raises(ValueError, match="MemoryConfig.temperature"):
             Session.open(tmp_path / "bad", device="cpu", model="builtin:tiny", runtime=RT,
                          memory={"embedder": None, "temperature": bad})
+
+
+def test_rank_decay_softens_the_keys_of_worse_ranked_facts(tmp_path):
+    # fact ranked r-th (0: the best, right before the question) gets keys / (1 + d * r)
+    kvs, layout = {}, None
+    for d in (0.0, 0.5):
+        with Session.open(tmp_path / f"d{d}", device="cpu", model="builtin:tiny", runtime=RT,
+                          memory={"embedder": None, "temperature": 0.5, "rank_decay": d}) as s:
+            for f in FACTS:
+                s.remember(f)
+            _conversation(s)
+            s.generate(1, memory_k=3)
+            kvs[d] = _region_kv(s)                             # (n, L, 2, KV, hd)
+            r = s.engine.streams["main"].region
+            assert layout in (None, r.facts)                   # the same facts, same places
+            layout = r.facts
+    lo = layout[0][1]
+    for j, (_, at, n) in enumerate(layout):
+        rank = len(layout) - 1 - j
+        got, base = kvs[0.5][at - lo:at - lo + n], kvs[0.0][at - lo:at - lo + n]
+        assert torch.allclose(got[:, :, 0], base[:, :, 0] / (1 + 0.5 * rank), rtol=1e-5, atol=1e-6)
+        assert torch.equal(got[:, :, 1], base[:, :, 1])
+    assert len(layout) == 3 and not torch.allclose(kvs[0.5][:, :, 0], kvs[0.0][:, :, 0])
+    for bad in (-0.1, True, "1", float("nan"), 11):
+        with pytest.raises(ValueError, match="MemoryConfig.rank_decay"):
+            Session.open(tmp_path / "bad", device="cpu", model="builtin:tiny", runtime=RT,
+                         memory={"embedder": None, "rank_decay": bad})
+
+
+def test_key_scales_of_the_region_order():
+    from capsule.memory.facts import MemoryConfig
+    assert MemoryConfig(temperature=0.5, rank_decay=0.25).key_scales(3) == (2 / 1.5, 2 / 1.25, 2.0)
+    assert MemoryConfig().key_scales(2) == (1.0, 1.0) and MemoryConfig().key_scales(0) == ()

@@ -71,7 +71,7 @@ class MemoryPart:
                                 f"{engine.pool.free_blocks} are free; raise runtime.kv_pool_mb, lower "
                                 "MemoryConfig.region_tokens or shorten the streams")
         for name, chosen in plans:
-            engine.fill_memory(name, chosen, mem.config.region_tokens, mem.config.key_scale)
+            engine.fill_memory(name, chosen, mem.config.region_tokens, mem.config.key_scales(len(chosen)))
 
     def drop_forgotten(self) -> None:
         """Refill, without them, every region holding facts that are no longer stored (forgotten;
@@ -86,7 +86,7 @@ class MemoryPart:
             if known == set(ids):
                 continue
             kept = [(f, kv.kv) for f in ids if f in known and (kv := mem.kv(f)) is not None]
-            engine.fill_memory(name, kept, mem.config.region_tokens, mem.config.key_scale)
+            engine.fill_memory(name, kept, mem.config.region_tokens, mem.config.key_scales(len(kept)))
 
     def _choose(self, query: str, k: int, room: int) -> list[tuple[int, torch.Tensor]]:
         """The k best-ranked facts whose K/V is intact and that fit `room` positions, the best

@@ -134,10 +134,10 @@ class Engine:
         self.pool.release(s.table.blocks)
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
-                    region_tokens: int, key_scale: float = 1.0) -> bool:
+                    region_tokens: int, key_scale: float | Sequence[float] = 1.0) -> bool:
         """Make the stream's memory region hold exactly these facts (id, kv), in order, the last
         right before the rest; kv is token-major (T, L, 2, KV, hd) pre-RoPE keys and values
-        (FactKV.kv); key_scale multiplies the keys (region.fill).
+        (FactKV.kv); key_scale multiplies the keys, one float or one per fact (region.fill).
 
         The region (region_tokens positions, block-aligned) is reserved on first use right
         after the system prefix; the K/V of tokens after it is recomputed once then, and never

@@ -34,7 +34,9 @@ KS, QUICK_KS = (1, 10, 50), (1, 10)
 QUESTIONS, QUICK_QUESTIONS = 200, 20
 WINDOW = 32                                      # context-window encoding: tokens of filler before a fact
 PREFIX_TEMPERATURE = 0.7                         # MemoryConfig.temperature of the shared-prefix mode
+RANK_DECAY = 0.1                                 # MemoryConfig.rank_decay of the ranked mode
 PREFIX_MODE = f"injected prefix T={PREFIX_TEMPERATURE}"
+RANKED_MODE = f"{PREFIX_MODE} rank decay {RANK_DECAY}"
 PREFILLED = {"prefilled": "rank", "prefilled best-last": "region"}   # mode -> the facts' order
 MAX_NEW_TOKENS, STOP = 16, "\n"
 MAX_FACT_TOKENS, KV_POOL_MB, MAX_CONTEXT = 32, 256, 4096
@@ -96,28 +98,31 @@ class _Run:
 
 
 def _open(path: Path, opts: BenchOptions, window: int, embedder: str | None, region: int,
-          temperature: float = 1.0) -> Session:
+          temperature: float = 1.0, rank_decay: float = 0.0) -> Session:
     return Session.open(path, model=opts.model, device=opts.device, restore=False,
                         runtime={"kv_pool_mb": KV_POOL_MB, "max_context": MAX_CONTEXT},
                         memory={"region_tokens": region, "window": window, "embedder": embedder,
                                 "max_fact_tokens": min(MAX_FACT_TOKENS, region),
-                                "temperature": temperature})
+                                "temperature": temperature, "rank_decay": rank_decay})
 
 
 @dataclass(frozen=True)
 class Encoding:
-    """How an injected mode's facts are remembered: its store, MemoryConfig window and
-    temperature, and what each fact is encoded after (its filler, or the system text)."""
+    """How an injected mode's facts are remembered and injected: its store, MemoryConfig
+    window, temperature and rank decay, and what each fact is encoded after (its filler, or
+    the system text). Each mode has its own store: a Session holds its store alone."""
     store: str
     window: int
     temperature: float
     after_system: bool
     after: str            # for the report
+    rank_decay: float = 0.0
 
 
 ENCODINGS = {"injected w=0": Encoding("w0", 0, 1.0, False, "nothing"),
              f"injected w={WINDOW}": Encoding(f"w{WINDOW}", WINDOW, 1.0, False, "its filler"),
-             PREFIX_MODE: Encoding("prefix", WINDOW, PREFIX_TEMPERATURE, True, "the system text")}
+             PREFIX_MODE: Encoding("prefix", WINDOW, PREFIX_TEMPERATURE, True, "the system text"),
+             RANKED_MODE: Encoding("ranked", WINDOW, PREFIX_TEMPERATURE, True, "the system text", RANK_DECAY)}
 
 
 def region_for(k: int, longest: int, block: int = 16) -> int:
@@ -145,8 +150,8 @@ def accuracy_rows(tmp: Path, opts: BenchOptions, qa: QASet, ks: Sequence[int],
     rows, examples, same = [], [], 0
     for k in ks:
         region = region_for(k, longest)
-        sessions = [_open(tmp / f"accuracy-{enc.store}", opts, enc.window, spec, region, enc.temperature)
-                    for enc in ENCODINGS.values()]
+        sessions = [_open(tmp / f"accuracy-{enc.store}", opts, enc.window, spec, region, enc.temperature,
+                          enc.rank_decay) for enc in ENCODINGS.values()]
         try:
             runs = [_Run(s, {f.id: f.text for f in s.memory.store.facts()},
                          make_clock(s.engine.pool.tensor.device)) for s in sessions]
@@ -262,7 +267,9 @@ def accuracy_section(tmp: Path, opts: BenchOptions, untrained: bool, say: Callab
            "injected = generate(memory_k=k) on system + question, each fact's K/V encoded after "
            + "; ".join(f"{enc.after} ({m})" for m, enc in ENCODINGS.items())
            + f", injected against the region's end, the best-ranked last; {PREFIX_MODE}: keys scaled by "
-           f"1/{PREFIX_TEMPERATURE} (MemoryConfig.temperature); the same k facts in every mode "
+           f"1/{PREFIX_TEMPERATURE} (MemoryConfig.temperature); {RANKED_MODE}: the same, and the keys of the "
+           f"fact ranked r-th (0: the best) by a further 1/(1 + {RANK_DECAY} r) (MemoryConfig.rank_decay); "
+           "the same k facts in every mode "
            "(same_facts_all_modes); greedy, up to "
            f"{MAX_NEW_TOKENS} tokens, stop at a newline; correct = the answer names the right place and "
            "no other; a question whose fact was not retrieved is wrong in every mode; TTFT p50 = "
