@@ -40,7 +40,8 @@ class MemoryConfig:
     1 / temperature when injected; < 1 sharpens, as APE does for contexts encoded apart);
     rank_decay: the keys of the fact ranked r-th by recall (0: the best) are scaled by a
     further 1 / (1 + rank_decay * r), so attention leans on the better-ranked facts (0: all
-    alike). docs/MEMORY.md, "Where facts sit, and the temperature", has the measurements."""
+    alike). docs/MEMORY.md, "Where facts sit, the temperature and the rank decay", has the
+    measurements."""
     region_tokens: int = 512
     window: int = 0
     max_fact_tokens: int = 256
