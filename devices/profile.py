@@ -37,6 +37,7 @@ REMOVED = {
 # the one place to change it for all of them
 BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
+DECODE_ATTENTION = ("torch", "triton")   # capsule.llm.model.DECODE_ATTENTION (a test keeps them equal)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -53,6 +54,7 @@ class RuntimeDefaults:
     kv_dtype: str | None = None       # the K/V cache's dtype; None: the weights' (dtype)
     context_policy: str = "error"     # a stream that would pass max_context: "error" or "shift"
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
+    decode_attention: str = "torch"   # "torch" or "triton" (edge_kernels.paged_decode; needs Triton)
 
     def __post_init__(self) -> None:
         check_choice("runtime.dtype", self.dtype, DTYPES)
@@ -76,6 +78,7 @@ class RuntimeDefaults:
         if self.kv_dtype is not None:
             check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
         check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)
+        check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION)
         if self.threads is not None:
             check_int("runtime.threads", self.threads, lo=1)
 

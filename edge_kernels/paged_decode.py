@@ -11,13 +11,11 @@ the whole max_context of K/V. Here the grid is fixed (B, KV, splits) and the key
 is loaded from `seq_lens` on the device, so a replayed graph does work proportional to each
 row's live length while every launch argument stays the same.
 
-How it plugs into the runner (not wired yet): the graph path already holds `positions` (B, 1)
-as a static buffer, and seq_lens = positions[:, 0] + 1 (padded rows: position 0 on the scratch
-block, so length 1, finite). Either register a static int32 `seq_lens` buffer filled in
-`_load_rows` next to `positions`, or compute it inside the captured body; then, in
-`DecoderModel.forward`, call `paged_decode_attention(q, k_cache, v_cache, block_tables,
-seq_lens, scale, slot_valid)` in place of `paged_attention` when T == 1 on CUDA (the mask
-build is then not needed). Eager prefill keeps the torch path.
+How it plugs in: `runtime={"decode_attention": "triton"}` makes `Decoder.forward` call it for
+one query per row over a full block table (graph decode, and eager decode when no memory-region
+block is skipped), with seq_lens = positions[:, 0] + 1 computed on the device (padded rows:
+position 0 on the scratch block, length 1), so a captured graph replays it unchanged. Prefill
+and eager decode that skips blocks keep the torch path.
 
 Triton is imported lazily: `edge_kernels` imports without it. On CPU the kernel runs only
 under Triton's interpreter (TRITON_INTERPRET=1 set before the first call).

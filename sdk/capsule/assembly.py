@@ -149,6 +149,7 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
     if decoder.cfg.vocab_size <= tok.max_id:
         raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
                             f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")
+    decoder.set_decode_attention(rt.decode_attention)       # before the runner captures graphs
     pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
                   dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
@@ -181,6 +182,10 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # differ bitwise at 1 vs 2 threads), so a capsule continues bit-exactly only at its count.
         # Unset, the count is torch's default (the machine's cores), unbound as before
         layout["threads"] = rt.threads
+    if llm and rt.decode_attention != "torch":
+        # the Triton decode kernel sums in another order than SDPA: a capsule continues
+        # bit-exactly only under the attention it was taken with (named only when not the default)
+        layout["decode_attention"] = rt.decode_attention
     if actor is not None:   # a capsule's hidden state means nothing to other policy weights
         layout["policy"] = actor.runner.spec.digest
     model = "none"

@@ -11,10 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_kernels.paged_decode import paged_decode_attention
+
 from ..errors import ModelLoadError
 from .config import ModelConfig
 from .paged_attention import attention_mask, paged_attention, write_kv
 from .rope import apply_rope, rope_tables
+
+
+# decode (T == 1) attention: "torch" gathers every block of the table (paged_attention);
+# "triton" reads only each row's live slots (edge_kernels.paged_decode). "torch" stays the
+# default until a GPU run has checked the kernel against it (packaging/gpu_check.py).
+DECODE_ATTENTION = ("torch", "triton")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -71,6 +79,7 @@ class Decoder(nn.Module):
         # per-layer tensors resolved once: the step loop does no name lookups
         self.layers = [_LayerWeights.of(self, f"model.layers.{i}.") for i in range(cfg.num_layers)]
         self.scale = cfg.head_dim ** -0.5
+        self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
@@ -91,6 +100,14 @@ class Decoder(nn.Module):
             return
         cos, sin = rope_tables(self.cfg.rope, self.cfg.head_dim, n_positions, self.device)
         self.rope_cos, self.rope_sin = cos, sin
+
+    def set_decode_attention(self, kind: str) -> None:
+        """Pick the decode attention (DECODE_ATTENTION); set before graphs are captured (a
+        captured graph keeps the kernel it was captured with). "triton" needs Triton, and on
+        CPU its interpreter (TRITON_INTERPRET=1): a test path, not a fast one."""
+        if kind not in DECODE_ATTENTION:
+            raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {kind!r}")
+        self.decode_attention = kind
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         w = self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
@@ -123,9 +140,13 @@ class Decoder(nn.Module):
             bs = kv_pool.shape[3]
             key_pos = (block_pos.unsqueeze(-1) * bs
                        + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
+        # one query per row over a full table (graph decode): the kernel reads slots 0..position
+        # of each row, minus the holes, with no mask; on the device, so a graph replays it as is
+        kernel = self.decode_attention == "triton" and T == 1 and block_pos is None and segments is None
+        seq_lens = (positions[:, 0] + 1).to(torch.int32) if kernel else None        # (B,)
         # the same for every layer: built once per forward
-        mask = attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3], H // KV, self.dtype,
-                              key_valid, key_pos)                            # (B, 1, T*G, S)
+        mask = None if kernel else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
+                                                  H // KV, self.dtype, key_valid, key_pos)  # (B, 1, T*G, S)
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
@@ -141,8 +162,12 @@ class Decoder(nn.Module):
             k = apply_rope(k, cos, sin)                                        # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
             write_kv(k_cache, v_cache, slot_mapping, k, v)
-            att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
-                                  self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
+            if seq_lens is not None:
+                att = paged_decode_attention(q.view(B, 1, H, hd), k_cache, v_cache, block_tables,
+                                             seq_lens, self.scale, slot_valid)   # (B, 1, H, hd)
+            else:
+                att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
+                                      self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
             x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
             h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
             x = x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)
