@@ -5,7 +5,10 @@ Per dtype, one Session with graphs and one without (same seeded weights, same pr
    max |Δlogits| and argmax agreement over the steps where both had fed the same tokens;
 2. step p50 at batch 1 and 4 with LIVE tokens per stream (max_context 8192 on CUDA): the
    graph replays a fixed shape, so its cost should follow the live context, not max_context;
-3. capture seconds per bucket.
+3. capture seconds per bucket;
+4. on CUDA, a third Session with graphs and runtime.decode_attention="triton" (the paged decode
+   kernel inside the graphs): its parity with eager and its step p50 next to the torch graphs'
+   (graphs "on+triton"); its failure is reported as triton_error and leaves the rest standing.
 On CPU there are no graphs: the eager half runs (smaller sizes) and graph figures read
 "n/a (cpu)". ok: on CUDA, fp32 graph and eager pick the same tokens at every parity step.
 """
@@ -100,8 +103,10 @@ def step_times(s: Session, device: str, sz: dict[str, Any], graphs: str, dtype: 
     return rows
 
 
-def _open(path: Path, device: str, dtype: str, graphs: bool, sz: dict[str, Any]) -> Session:
-    rt = {"dtype": dtype, "cuda_graphs": graphs, "max_context": sz["max_context"], "kv_pool_mb": sz["kv_pool_mb"]}
+def _open(path: Path, device: str, dtype: str, graphs: bool, sz: dict[str, Any],
+          attention: str = "torch") -> Session:
+    rt = {"dtype": dtype, "cuda_graphs": graphs, "max_context": sz["max_context"], "kv_pool_mb": sz["kv_pool_mb"],
+          "decode_attention": attention}
     return Session.open(path, model=MODEL, device=device, runtime=rt)
 
 
@@ -123,7 +128,14 @@ def one_dtype(tmp: Path, device: str, dtype: str, sz: dict[str, Any], steps: lis
             steps += step_times(s, device, sz, label, dtype)
     if not cuda:
         return {"capture_s": NA, "max_abs_dlogits": NA, "argmax_agree": NA}
-    return {**fig, **parity(runs[True], runs[False], vocab)}
+    out = {**fig, **parity(runs[True], runs[False], vocab)}
+    try:
+        with _open(tmp / f"{dtype}-triton", device, dtype, True, sz, "triton") as s:
+            out["triton"] = parity(parity_run(s, sz["parity_steps"]), runs[False], vocab)
+            steps += step_times(s, device, sz, "on+triton", dtype)
+    except Exception as exc:  # noqa: BLE001 - the kernel's first GPU runs: reported, not fatal
+        out["triton_error"] = f"{type(exc).__name__}: {exc}"[:1000]
+    return out
 
 
 def run(device: str, quick: bool, budget_s: float) -> dict[str, Any]:
@@ -141,6 +153,8 @@ def run(device: str, quick: bool, budget_s: float) -> dict[str, Any]:
     checks = {}
     if device == "cuda":
         checks["fp32_graph_tokens_equal_eager"] = per_dtype["float32"].get("tokens_equal") is True
+        checks["fp32_triton_graph_tokens_equal_eager"] = \
+            per_dtype["float32"].get("triton", {}).get("tokens_equal") is True
     out = {"ok": not errors and all(checks.values()), "model": MODEL, "sizes": sz, "checks": checks,
            **per_dtype, "step_p50": steps}
     if errors or not all(checks.values()):
