@@ -37,7 +37,7 @@ REMOVED = {
 # the one place to change it for all of them
 BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
-DECODE_ATTENTION = ("torch", "triton")   # capsule.llm.model.DECODE_ATTENTION (a test keeps them equal)
+DECODE_ATTENTION = ("torch", "triton")   # runtime.decode_attention (capsule.llm.model uses it)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

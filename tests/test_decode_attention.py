@@ -65,7 +65,7 @@ def test_triton_decode_attention_equals_torch(tmp_path, interpret):
 def test_decode_attention_kind_is_checked(tmp_path, interpret):
     from capsule.llm.model import DECODE_ATTENTION
     from devices.profile import DECODE_ATTENTION as PROFILE_CHOICES
-    assert DECODE_ATTENTION == PROFILE_CHOICES
+    assert DECODE_ATTENTION is PROFILE_CHOICES                # one list of choices, not two
     with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT) as s:
         m = s.engine.runner.model
         assert m.decode_attention == "torch"                  # the default until a GPU run checks it

@@ -20,7 +20,8 @@ from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
 from .llm.streams import export_streams, import_streams
-from .memory.facts import Memory, MemoryConfig
+from .memory.config import MemoryConfig
+from .memory.facts import Memory
 from .policy import load_policy
 from .policy.registry import check_profile_engines
 from .policy.actor import Actor

@@ -134,10 +134,10 @@ class Engine:
         self.pool.release(s.table.blocks)
 
     def fill_memory(self, name: str, facts: Sequence[tuple[int, torch.Tensor]],
-                    region_tokens: int, key_scale: float | Sequence[float] = 1.0) -> bool:
+                    region_tokens: int, key_scales: Sequence[float] | None = None) -> bool:
         """Make the stream's memory region hold exactly these facts (id, kv), in order, the last
         right before the rest; kv is token-major (T, L, 2, KV, hd) pre-RoPE keys and values
-        (FactKV.kv); key_scale multiplies the keys, one float or one per fact (region.fill).
+        (FactKV.kv); key_scales: one per fact, what its keys are multiplied by (region.fill).
 
         The region (region_tokens positions, block-aligned) is reserved on first use right
         after the system prefix; the K/V of tokens after it is recomputed once then, and never
@@ -147,14 +147,14 @@ class Engine:
         if s.region is not None and s.region.fact_ids == tuple(f for f, _ in facts):
             return False
         if s.region is not None:
-            fill(s.table, s.region, self.runner.model, facts, key_scale)
+            fill(s.table, s.region, self.runner.model, facts, key_scales)
             return True
         gap_at, _, _ = self._plan_region(s, region_tokens)         # the checks, before any change
         check_reinjectable(self.runner.model.cfg.rope)
         covered = sum(kv.shape[0] for _, kv in facts)
         s.region = reserve(s.table, gap_at, region_tokens, covered)
         try:
-            fill(s.table, s.region, self.runner.model, facts, key_scale)
+            fill(s.table, s.region, self.runner.model, facts, key_scales)
         except BaseException:
             zero_covered(s.table, s.region, covered)   # never leave unwritten garbage readable
             raise

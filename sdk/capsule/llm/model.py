@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from devices.profile import DECODE_ATTENTION
 from edge_kernels.paged_decode import paged_decode_attention
 
 from ..errors import ModelLoadError
@@ -19,10 +20,9 @@ from .paged_attention import attention_mask, paged_attention, write_kv
 from .rope import apply_rope, rope_tables
 
 
-# decode (T == 1) attention: "torch" gathers every block of the table (paged_attention);
-# "triton" reads only each row's live slots (edge_kernels.paged_decode). "torch" stays the
-# default until a GPU run has checked the kernel against it (packaging/gpu_check.py).
-DECODE_ATTENTION = ("torch", "triton")
+# decode (T == 1) attention, DECODE_ATTENTION: "torch" gathers every block of the table
+# (paged_attention); "triton" reads only each row's live slots (edge_kernels.paged_decode).
+# "torch" stays the default until a GPU run has checked the kernel (packaging/gpu_check.py).
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -136,19 +136,19 @@ def mark_holes(table: BlockTable, region: Region) -> None:
 
 
 def fill(table: BlockTable, region: Region, model: Decoder,
-         facts: Sequence[tuple[int, torch.Tensor]], key_scale: float | Sequence[float] = 1.0) -> None:
+         facts: Sequence[tuple[int, torch.Tensor]], key_scales: Sequence[float] | None = None) -> None:
     """Replace the region's facts: (fact id, kv), kv token-major (T, L, 2, KV, hd) pre-RoPE
     keys and values (FactKV.kv), packed in order against the region's end (the last one
-    right before the rest). key_scale multiplies the keys: one float for all, or one per
-    fact (MemoryConfig.key_scales: temperature and rank decay)."""
+    right before the rest). key_scales: one per fact, what its keys are multiplied by
+    (MemoryConfig.key_scales: temperature and rank decay); None: unscaled."""
     check_reinjectable(model.cfg.rope)
     total = sum(kv.shape[0] for _, kv in facts)
     if total > region.size:
         raise ValueError(f"the {len(facts)} facts hold {total} tokens; the memory region holds "
                          f"{region.size} (raise MemoryConfig.region_tokens or lower memory_k)")
-    if not isinstance(key_scale, (int, float)) and len(key_scale) != len(facts):
-        raise ValueError(f"key_scale holds {len(key_scale)} scales for {len(facts)} facts: give one "
-                         "float, or one per fact")
+    if key_scales is not None and len(key_scales) != len(facts):
+        raise ValueError(f"key_scales holds {len(key_scales)} scales for {len(facts)} facts: give one "
+                         "per fact")
     old_lo, old_hi = region.used
     lo = region.end - total
     region.facts = []
@@ -168,10 +168,10 @@ def fill(table: BlockTable, region: Region, model: Decoder,
         placed.append((fid, at, kv.shape[0]))
         at += kv.shape[0]
     dev = table.pool.tensor.device
-    scale: float | torch.Tensor = float(key_scale) if isinstance(key_scale, (int, float)) else \
-        torch.tensor(key_scale, dtype=torch.float32).repeat_interleave(
+    scale: float | torch.Tensor = 1.0 if key_scales is None else \
+        torch.tensor(key_scales, dtype=torch.float32).repeat_interleave(
             torch.tensor([kv.shape[0] for _, kv in facts]))                 # (sum T,) one per token
-    # all facts in one rotate + scatter pass: (sum T, L, 2, KV, hd); key_scale > 1 / < 1 is the
+    # all facts in one rotate + scatter pass: (sum T, L, 2, KV, hd); a scale > 1 / < 1 is the
     # sharper / softer attention over facts encoded apart (APE's temperature)
     rotate_scatter_tokens(table.pool.tensor, [kv for _, kv in facts], torch.arange(lo, region.end, device=dev),
                           table.slot_range(lo, region.end), model.rope_cos, model.rope_sin, scale)
