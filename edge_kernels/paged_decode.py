@@ -23,14 +23,11 @@ under Triton's interpreter (TRITON_INTERPRET=1 set before the first call).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable
 
 import torch
 
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+from .triton_mode import check_runnable
 
 
 def _kernel() -> Any:
@@ -91,9 +88,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     for name, t in others.items():
         if t is not None and t.device != dev:
             raise ValueError(f"{name} is on {t.device}, q on {dev}: all on one device")
-    if dev.type != "cuda" and not _interpret():
-        raise RuntimeError("the Triton kernel runs CPU tensors only under its interpreter: "
-                           "set TRITON_INTERPRET=1 before the first call")
+    check_runnable(dev, "paged decode kernel")
     G = H // KV
     BLOCK_G, BLOCK_D, BLOCK_N = _pow2(G, 16), _pow2(hd, 16), _pow2(block_n, 16)  # tl.dot: >= 16
     splits = num_splits or default_splits(B, KV, block_tables.shape[1] * bs, BLOCK_N, dev)

@@ -6,17 +6,23 @@ tokenizer uses), with the merges of all pieces of a batch of texts done by
 ``edge_kernels.bpe`` on CPU or CUDA tensors. The merge semantics follow each family's reference:
 tiktoken families rank a pair by its concatenated bytes and emit a piece that is a token as is;
 tokenizer.json families apply their listed merges (and ``ignore_merges`` when set).
+
+``kernel`` picks the merge loop: "torch" (``edge_kernels.bpe``: tensor ops, one host sync per
+round; CPU or CUDA) or "triton" (``edge_kernels.bpe_fused``: one launch per length bucket, every
+round on the device; CUDA, or CPU under TRITON_INTERPRET=1). Both give the same ids; "torch"
+stays the default until a GPU run has measured the fused kernel.
 """
 from __future__ import annotations
 
 import json
 import threading
 import unicodedata
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from edge_kernels.bpe import MergeTable, merge_pieces, table_from_merges, table_from_ranks
+from edge_kernels.bpe import (MergeTable, Packed, merge_packed, pack_pieces, table_from_merges,
+                              table_from_ranks, unpack)
 
 from ..errors import TokenizerError
 from . import registry
@@ -27,12 +33,16 @@ from .rules import CharInfo, rules_for
 
 _tables: dict[str, tuple[MergeTable, dict[bytes, int]]] = {}
 _tables_lock = threading.Lock()
+KERNELS = ("torch", "triton")
 
 
 class TensorBpe:
     """Encodes like ``ref.encode``. Not thread-safe (the scanner memoizes); one per thread."""
 
-    def __init__(self, ref: ReferenceTokenizer, device: torch.device | str = "cpu") -> None:
+    def __init__(self, ref: ReferenceTokenizer, device: torch.device | str = "cpu",
+                 kernel: str = "torch") -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         rules, why = rules_for(ref)
         if rules is None:
             raise TokenizerError(f"{ref.name}: the tensor BPE needs a verified pipeline ({why})")
@@ -40,6 +50,23 @@ class TensorBpe:
         self._scanner = PieceScanner(ref, rules, CharInfo(rules.marks_are_letters, rules.cjk_stage))
         table, self._whole = _shared_table(ref)
         self.table = table.to(device)
+        self.kernel = kernel
+        self._merge = self._merger(kernel)
+
+    def _merger(self, kernel: str) -> Callable[[Packed], Packed]:
+        if kernel == "torch":
+            return lambda packed: merge_packed(packed, self.table)
+        from edge_kernels.bpe_fused import hash_table, merge_packed_fused
+        hashed = hash_table(self.table)   # once per TensorBpe: ~0.1-0.3 s for 0.1-0.5M merges
+        return lambda packed: merge_packed_fused(packed, self.table, hashed)
+
+    def merge(self, pieces: Sequence[bytes]) -> list[list[int]]:
+        """BPE ids of each piece (non-empty bytes) by this kernel, on this device."""
+        return unpack(self._merge(pack_pieces(pieces, self.table)), len(pieces))
+
+    def merge_packed(self, packed: Packed) -> Packed:
+        """The merge step alone, on pieces packed by ``edge_kernels.bpe.pack_pieces``."""
+        return self._merge(packed)
 
     @property
     def whole_pieces(self) -> Mapping[bytes, int]:
@@ -59,7 +86,7 @@ class TensorBpe:
         uniq = list(dict.fromkeys(p for plan in plans for p in plan if isinstance(p, bytes)))
         done = {p: [self._whole[p]] for p in uniq if p in self._whole}
         todo = [p for p in uniq if p not in done]
-        done.update(zip(todo, merge_pieces(todo, self.table)))
+        done.update(zip(todo, self.merge(todo)))
         out = []
         for plan in plans:
             ids: list[int] = []

@@ -3,29 +3,52 @@
 The tokenize-bpe bench's per-family measurement (tools/bench/tokenize_bpe.py) for one family
 (cl100k_base, the builtin models' tokenizer) on the same text: on CUDA the merge kernel alone
 (median of REPS after a warm-up, synchronized) and the whole TensorBpe.encode compared with
-the reference's ids; its CPU tensor half is skipped there (seconds per 1M characters). On CPU
-the kernel runs on CPU tensors, on fewer characters. ok: the ids equal the reference's.
+the reference's ids; its CPU tensor half is skipped there (seconds per 1M characters). Then,
+on CUDA and while FUSED_RESERVE_S of the step's budget is left, the fused Triton merge loop
+(kernel="triton": its ms, and exactness as check `fused_exact`; an exception is `fused_error`
+and leaves the rest). On CPU the kernel runs on CPU tensors, on fewer characters (the fused
+loop runs there only under Triton's interpreter: the tests check it). ok: the torch loop's ids
+equal the reference's, and so do the fused loop's where it ran.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..bench.tokenize import real_text
-from ..bench.tokenize_bpe import GPU_TARGET_MS, measure_family
+from ...tokenize.reference import load_reference
+from ..bench.tokenize_bpe import GPU_TARGET_MS, fused_cuda, measure_family
 
 FAMILY = "cl100k_base"
 CHARS, CPU_CHARS, QUICK_CPU_CHARS = 1_000_000, 100_000, 30_000
 REPS, QUICK_REPS = 3, 1
+FUSED_RESERVE_S = 20.0   # Triton compiles one variant per width bucket (~1 s each)
 
 
 def run(device: str, quick: bool, budget_s: float) -> dict[str, Any]:
+    t0 = time.monotonic()
     cuda = device == "cuda"
     chars = CHARS if cuda else (QUICK_CPU_CHARS if quick else CPU_CHARS)
-    row = measure_family(FAMILY, real_text(chars), QUICK_REPS if quick else REPS, cuda=cuda, cpu=not cuda)
-    out: dict[str, Any] = {**row, "reps": QUICK_REPS if quick else REPS, "target_ms": GPU_TARGET_MS}
+    reps = QUICK_REPS if quick else REPS
+    text = real_text(chars)
+    row = measure_family(FAMILY, text, reps, cuda=cuda, cpu=not cuda, fused=False)
+    out: dict[str, Any] = {**row, "reps": reps, "target_ms": GPU_TARGET_MS}
     if cuda:
-        out["target_met"] = row["kernel_cuda_ms"] < GPU_TARGET_MS
-    out["ok"] = bool(row["exact"])
-    if not out["ok"]:
+        left = budget_s - (time.monotonic() - t0)
+        if left >= FUSED_RESERVE_S:
+            ref = load_reference(FAMILY)
+            out.update(fused_cuda(ref, text, ref.encode(text), reps))
+            if "fused_error" not in out:   # ran: wrong ids are a failure, an error is not
+                out["checks"] = {"fused_exact": bool(out.get("exact_fused_cuda"))}
+        else:
+            out["fused_error"] = f"skipped: {left:.0f} s of the step's budget left"
+        best = min(v for v in (row["kernel_cuda_ms"], out.get("kernel_fused_cuda_ms")
+                               if out.get("exact_fused_cuda") else None) if v is not None)
+        out["target_met"] = best < GPU_TARGET_MS
+    failed = [k for k, v in out.get("checks", {}).items() if not v]
+    out["ok"] = bool(row["exact"]) and not failed
+    if not row["exact"]:
         out["error"] = f"TensorBpe ids differ from the {FAMILY} reference's on {chars:,} characters"
+    elif failed:
+        out["error"] = "the fused Triton merges' ids differ from the reference's (fused_exact)"
     return out
