@@ -1,7 +1,8 @@
 """Checkpointer: epochs of a session's execution state in a capsule store.
 
-checkpoint: stage the dirty pages (host copies, on the caller's thread) and either write
-them durably before returning (wait=True) or hand them to the background writer.
+checkpoint: either stream the dirty pages into the store chunk by chunk and commit before
+returning (wait=True: host memory holds one staging chunk of KV blocks), or copy them to host
+bytes on the caller's thread and hand them to the background writer (wait=False).
 restore: read and verify a whole epoch first (manifest bounded and checked field by field, its
 binding, every page, the host state), build everything to install, and only then write it into
 the live buffers in place with steps that cannot fail, so a bad capsule never leaves a session
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, StoreError
-from ..store.inputs import check_name
+from ..store.inputs import PageStream, check_name
 from .binding import RESTORE_HINT, Binding
 from .manifest import EpochCorrupt, Limits, Manifest, encode, parse
 from .snapshot import Snapshotter, Staged
@@ -83,9 +84,12 @@ class Checkpointer:
             # view, so nothing of older or abandoned epochs shows through it
             base = 0 if self.snap.full else self._base
             dirty, live = self._kv_state()
-            pages = self.snap.capture(dirty, live, blobs)
+            # wait=True streams the KV blocks into the store chunk by chunk (nothing changes the
+            # pool before it returns); a background write needs bytes that outlive this call
+            pages = self.snap.capture(dirty, live, blobs, stream=wait)
             info_meta = {"streams": {m["name"]: m["n_ids"] for m in meta.get("streams", [])}}
-            self.last_bytes = sum(len(p[2]) for p in pages) + len(manifest)
+            page_bytes = pages.nbytes if isinstance(pages, PageStream) else sum(len(p[2]) for p in pages)
+            self.last_bytes = page_bytes + len(manifest)
             if wait:
                 self.flush()
                 got = self.store.write_epoch(pages, manifest, name=name, meta=info_meta, base=base).id

@@ -11,13 +11,15 @@ Not thread-safe: the checkpointer calls it from the session's thread.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+import itertools
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 import xxhash
 
 from ..errors import CapsuleCorrupt
+from ..store.inputs import PageStream
 from .regions import Region, RegionRegistry
 
 HOST_PAGE = 4096
@@ -26,7 +28,7 @@ KV_REGION = "kv_pool"
 # host buffer): a full checkpoint of an 8 GB unified-memory device must not gather the whole pool
 # into a second device tensor plus a pinned copy (three pools at once)
 STAGING_BYTES = 8 << 20
-Page = tuple[str, int, bytes]
+Page = tuple[str, int, bytes | np.ndarray]   # an ndarray: a view into the staging buffer
 
 
 def _digest(b: bytes | memoryview) -> int:
@@ -76,26 +78,45 @@ class Snapshotter:
         return [r for r in self.registry if r.role not in ("output", "kv")]
 
     # -- capture ------------------------------------------------------------------------------
-    def capture(self, kv_dirty: set[int], kv_live: set[int], blobs: dict[str, bytes]) -> list[Page]:
+    def capture(self, kv_dirty: set[int], kv_live: set[int], blobs: dict[str, bytes], *,
+                stream: bool = False) -> list[Page] | PageStream:
         """Pages to write for this epoch. kv_dirty: blocks written since the last capsule;
-        kv_live: blocks in some stream's table (all of them go out when `full`)."""
-        pages: list[Page] = []
-        if KV_REGION in self.registry:
-            blocks = (kv_live | kv_dirty) if self.full else kv_dirty
-            pages += self._kv_pages(sorted(blocks - self.scratch))
-        for region in self.saved_regions():
-            pages += self._region_pages(region)
-        for key, blob in blobs.items():
-            pages += self._host_pages(key, blob)
-        self.full = False
-        return pages
+        kv_live: blocks in some stream's table (all of them go out when `full`).
 
-    def _kv_pages(self, blocks: list[int]) -> list[Page]:
+        stream=False: every page as bytes (what a background writer needs: the live buffers may
+        change right after). stream=True: a PageStream whose KV blocks are staged chunk by chunk
+        as the store appends them, each page a view into the reused staging buffer, so a full
+        checkpoint holds one chunk of the pool in host memory, not all of it (on an 8 GB
+        unified-memory device that is the difference between one and two pools). Write it at
+        once, before anything changes the pool."""
+        blocks: list[int] = []
+        if KV_REGION in self.registry:
+            picked = (kv_live | kv_dirty) if self.full else kv_dirty
+            blocks = sorted(picked - self.scratch)
+        rest: list[Page] = []
+        for region in self.saved_regions():
+            rest += self._region_pages(region)
+        for key, blob in blobs.items():
+            rest += self._host_pages(key, blob)
+        self.full = False
+        if not stream:
+            return [*self._kv_pages(blocks, copy=True), *rest]
+        keys = [(KV_REGION, b) for b in blocks] + [(r, i) for r, i, _ in rest]
+        kv_bytes = 0
+        if blocks:
+            pool = self.registry[KV_REGION].tensor
+            kv_bytes = len(blocks) * pool[0].numel() * pool.element_size()
+        return PageStream(keys, itertools.chain(self._kv_pages(blocks, copy=False), rest),
+                          kv_bytes + sum(len(p) for _, _, p in rest))
+
+    def _kv_pages(self, blocks: list[int], copy: bool) -> Iterator[Page]:
+        """The blocks' pages, one staging chunk at a time; copy=False yields views into the
+        staging buffer, valid until the next chunk is asked for."""
         if not blocks:
-            return []
+            return
         pool = self.registry[KV_REGION].tensor                               # (NB, L, 2, bs, KV, hd)
         stage, host = self._staging(pool)
-        per, out = stage.shape[0], []
+        per = stage.shape[0]
         for lo in range(0, len(blocks), per):
             chunk = blocks[lo:lo + per]
             n = len(chunk)
@@ -103,8 +124,8 @@ class Snapshotter:
             torch.index_select(pool, 0, torch.tensor(chunk, device=pool.device), out=stage[:n])
             picked = to_host(stage[:n], self._stream(pool), None if host is None else host[:n])
             raw = picked.view(torch.uint8).numpy().reshape(n, -1)
-            out += [(KV_REGION, b, raw[i].tobytes()) for i, b in enumerate(chunk)]
-        return out
+            for i, b in enumerate(chunk):
+                yield KV_REGION, b, (raw[i].tobytes() if copy else raw[i])
 
     def _staging(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The reused staging buffers for KV blocks: STAGING_BYTES worth of blocks (at least one)."""

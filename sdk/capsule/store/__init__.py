@@ -7,11 +7,12 @@ bytes, written as a delta over the previous epoch; a keyed record is a caller's 
 from .errors import (CapsuleCorrupt, IndexCorrupt, PageCorrupt, RecordCorrupt, RecordRowCorrupt, SigningKeyError,
                      StoreError, StoreIOError, StoreLocked, UnknownEpoch, UnknownRecord, UnsafeStore)
 from .info import EpochInfo, VerifyReport
+from .inputs import PageStream
 from .keyed import Record
 from .keyedrows import Collection, StoredRow
 from .segments import FileOps
 from .store import Store
 
-__all__ = ["Store", "EpochInfo", "VerifyReport", "FileOps", "Collection", "Record", "StoredRow", "StoreError",
+__all__ = ["Store", "PageStream", "EpochInfo", "VerifyReport", "FileOps", "Collection", "Record", "StoredRow", "StoreError",
            "CapsuleCorrupt", "StoreLocked", "SigningKeyError", "StoreIOError", "UnsafeStore", "UnknownEpoch",
            "UnknownRecord", "IndexCorrupt", "PageCorrupt", "RecordCorrupt", "RecordRowCorrupt"]

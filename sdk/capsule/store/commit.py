@@ -53,7 +53,8 @@ class Committer:
     def stage(self, pages: Iterable, manifest: Any, name: str | None, meta: dict | None,
               base: int | None) -> StagedEpoch:
         self.heal()
-        items, man = check_pages(pages), as_bytes_view(manifest, "manifest")
+        keys, items = check_pages(pages)   # a PageStream's bytes are made as they are appended
+        man = as_bytes_view(manifest, "manifest")
         check_name(name)
         meta = check_meta(meta)
         with self._lock:
@@ -62,7 +63,7 @@ class Committer:
                                      or any(s.info.name == name for s in self.staged)):
                 raise ValueError(f"epoch name {name!r} is already used by a retained epoch; "
                                  f"names must be unique")
-            aliases = deltas.base_rows(self._index, self.staged, epoch, base, {(r, i) for r, i, _ in items},
+            aliases = deltas.base_rows(self._index, self.staged, epoch, base, keys,
                                        self.path)
             listing = dict(deltas.base_listing(self.seg_dir, self._sealer, self._index, self._listing, epoch,
                                                base, self.path))   # regions shared until written

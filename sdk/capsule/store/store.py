@@ -27,6 +27,7 @@ from .epochreads import EpochReads
 from .folder import OWNED, folder_path, holds_store
 from .healing import Healer
 from .info import EpochInfo, VerifyReport
+from .inputs import PageStream
 from .keyed import Keyed, Record
 from .keyedrows import Collection, StoredRow
 from .loading import Pages
@@ -116,16 +117,19 @@ class Store:
         self.close()
 
     # -- write ----------------------------------------------------------------------------------
-    def write_epoch(self, pages: Iterable[tuple[str, int, Any]], manifest: bytes, *, name: str | None = None,
-                    meta: dict | None = None, base: int | None = None) -> EpochInfo:
-        """Append and commit one epoch (plus any staged ones). Durable when it returns."""
+    def write_epoch(self, pages: Iterable[tuple[str, int, Any]] | PageStream, manifest: bytes, *,
+                    name: str | None = None, meta: dict | None = None,
+                    base: int | None = None) -> EpochInfo:
+        """Append and commit one epoch (plus any staged ones). Durable when it returns.
+        pages: (region, index, bytes) tuples, or a PageStream (bytes made as they are written)."""
         with self._wlock:
             self._shared.check_open()
             self._heal.writing(lambda: self._commit.stage(pages, manifest, name, meta, base))
             return self._commit.sync()[-1]
 
-    def stage_epoch(self, pages: Iterable[tuple[str, int, Any]], manifest: bytes, *, name: str | None = None,
-                    meta: dict | None = None, base: int | None = None) -> int:
+    def stage_epoch(self, pages: Iterable[tuple[str, int, Any]] | PageStream, manifest: bytes, *,
+                    name: str | None = None, meta: dict | None = None,
+                    base: int | None = None) -> int:
         """Append an epoch's records without fsync or commit; returns the id sync() will commit it as.
         base: the epoch this delta applies to (default: the previous one; 0: an empty view)."""
         with self._wlock:

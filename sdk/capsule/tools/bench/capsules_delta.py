@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...session import Session
+from ...store import PageStream
 from .decode import robot_prompt
 from .timing import percentile, progress
 
@@ -27,11 +28,19 @@ def capture_probe(snap: Any) -> Iterator[list[dict[str, int]]]:
     seen: list[dict[str, int]] = []
     inner = snap.capture
 
-    def probed(kv_dirty: set[int], kv_live: set[int], blobs: dict[str, bytes]) -> list:
-        pages = inner(kv_dirty, kv_live, blobs)
-        kv = [p for p in pages if p[0] == KV]
-        seen.append({"kv_pages": len(kv), "kv_page_bytes": sum(len(p[2]) for p in kv),
-                     "other_page_bytes": sum(len(p[2]) for p in pages if p[0] != KV),
+    def probed(kv_dirty: set[int], kv_live: set[int], blobs: dict[str, bytes],
+               stream: bool = False) -> Any:
+        pages = inner(kv_dirty, kv_live, blobs, stream=stream)
+        if isinstance(pages, PageStream):   # bytes not made yet: sizes from the keys
+            pool = snap.registry[KV].tensor
+            n_kv = sum(1 for r, _ in pages.keys if r == KV)
+            kv_bytes = n_kv * pool[0].numel() * pool.element_size()
+            other = pages.nbytes - kv_bytes
+        else:
+            n_kv = sum(1 for p in pages if p[0] == KV)
+            kv_bytes = sum(len(p[2]) for p in pages if p[0] == KV)
+            other = sum(len(p[2]) for p in pages if p[0] != KV)
+        seen.append({"kv_pages": n_kv, "kv_page_bytes": kv_bytes, "other_page_bytes": other,
                      "host_bytes": sum(len(b) for b in blobs.values())})
         return pages
 
