@@ -14,6 +14,11 @@ class UnsupportedArchitecture(ModelLoadError):
     """The checkpoint's architecture or one of its settings is not implemented."""
 
 
+class EngineUnavailable(ModelLoadError):
+    """An engine (policy or LLM) cannot run here (package, provider, CUDA, dtype or model kind
+    missing); an engine list tries the next one. The message says what is missing."""
+
+
 class TokenizerError(CapsuleError):
     """A tokenizer could not be found or loaded."""
 

@@ -13,12 +13,12 @@ table: policy/registry.py): torch (builtins only; CUDA graph on CUDA), onnxrunti
 (IOBinding), tensorrt (CUDA graph).
 Nothing here is thread-safe: the Session serializes calls.
 """
+from ..errors import EngineUnavailable
 from .buffers import PolicyBuffers
 from .builtin import builtin_policy
 from .export import export_onnx
 from .registry import EngineEntry, engine_names
 from .runner import PolicyRunner, load_policy
-from .source import EngineUnavailable
 from .spec import PolicySpec
 
 ENGINES: tuple[str, ...] = engine_names()   # the registry's names (kept for callers of capsule.policy.ENGINES)

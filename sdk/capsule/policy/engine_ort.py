@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import EngineUnavailable
 from ..paths import cache_dir
 from .buffers import PolicyBuffers
 from .probe import FAILED, MISSING, OK, ONNX_EXTRA, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
-from .source import EngineUnavailable, PolicySource
+from .source import PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
 CPU_EP, CUDA_EP, TRT_EP = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"

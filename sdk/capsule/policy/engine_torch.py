@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from ..cudagraph import capture_graph
+from ..errors import EngineUnavailable
 from .buffers import PolicyBuffers
-from .source import EngineUnavailable, PolicySource
+from .source import PolicySource
 
 
 class TorchEngine:

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from ..cudagraph import capture_graph
+from ..errors import EngineUnavailable
 from ..paths import cache_dir, write_private
 from .buffers import PolicyBuffers, torch_dtype
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
-from .source import EngineUnavailable, PolicySource
+from .source import PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
 PRECISIONS = ("fp32", "fp16")

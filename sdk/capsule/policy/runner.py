@@ -20,12 +20,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError
+from ..errors import EngineUnavailable, ModelLoadError
 from ..state.regions import RegionRegistry
 from .buffers import PolicyBuffers
 from .observe import ObservationLoader
 from .registry import select_engines
-from .source import Engine, EngineUnavailable, resolve_source
+from .source import Engine, resolve_source
 from .spec import PolicySpec
 
 log = logging.getLogger("capsule.policy")

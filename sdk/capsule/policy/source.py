@@ -17,10 +17,6 @@ from .builtin import BUILTIN_PREFIX, BuiltinPolicy, builtin_names, builtin_polic
 from .spec import PolicySpec, spec_from_onnx
 
 
-class EngineUnavailable(ModelLoadError):
-    """This engine cannot run here (package, provider or CUDA missing); selection tries the next."""
-
-
 class Engine(Protocol):
     name: str    # its name in policy/registry.py: "torch" | "onnxruntime" | "tensorrt"
     detail: str  # how it runs, for the log line: "eager", "CUDA graph", "CPUExecutionProvider", ...

@@ -1,0 +1,198 @@
+"""The decoder's step as an ONNX graph that writes its K/V into the pool it is given.
+
+One graph per shape (B rows of T tokens, block tables nb wide, the pool's NB blocks): decode is
+T = 1, a prefill chunk T > 1. Inputs: ``input_ids`` and ``positions`` (B, T) int64,
+``slot_mapping`` (B*T,) int64 (slot = block * bs + offset, as ``write_kv`` takes it),
+``block_tables`` (B, nb) int64, ``attn_bias`` (B, 1, T, S + T) fp32 (0 or -inf: which past slots
+and which of the chunk's own tokens each query sees; S = nb * bs) and ``kv_pool`` (NB, L, 2, bs,
+KV, hd), the pool the capsules checkpoint. Outputs: ``hidden`` (B, T, D), the final normed
+hidden states (``Decoder.forward``'s result), and ``kv_pool_out``.
+
+Why the K/V are written last: every layer attends over the pool's past slots (gathered through
+the block tables) plus the chunk's own new keys, concatenated, and one ScatterND at the end
+writes all layers' new K/V. Its pool input then has no reader after it, so with ``kv_pool`` and
+``kv_pool_out`` bound to one buffer (IOBinding) ONNX Runtime updates the pool in place: no copy,
+the same data_ptr every step, and the dirty-block tracking of the torch path stays exact. (A
+per-layer write would feed the next layer's reads, and torch.onnx's exporter silently drops an
+in-place ``index_copy_`` on an input: the graph is built here, op by op, from the weights.)
+
+The math is ``Decoder.forward``'s: RMSNorm in fp32, rotate-half RoPE from the same tables, GQA
+(query head h reads kv head h // G), SwiGLU, optional QKV / o biases and Qwen3's q/k norms. The
+past-plus-new order of the keys changes only the order of a softmax sum (~1e-7).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+
+OPSET = 17
+INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "attn_bias", "kv_pool")
+OUTPUTS = ("hidden", "kv_pool_out")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    batch: int          # B rows
+    tokens: int         # T tokens per row (1: decode)
+    table_blocks: int   # nb: block-table width
+    pool_blocks: int    # NB: blocks in the pool
+    block_size: int     # bs
+
+
+class _Builder:
+    """Nodes and initializers of one graph; every value gets a fresh name."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+        self._helper, self._np = helper, numpy_helper
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._n = 0
+
+    def name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def const(self, value: Any, hint: str = "c") -> str:
+        arr = np.asarray(value)
+        n = self.name(hint)
+        self.inits.append(self._np.from_array(arr, n))
+        return n
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
+        o = out or self.name(op_type.lower())
+        self.nodes.append(self._helper.make_node(op_type, list(inputs), [o], **attrs))
+        return o
+
+    def shape(self, x: str, *dims: int) -> str:
+        return self.op("Reshape", x, self.const(np.array(dims, dtype=np.int64), "shape"))
+
+
+def _weight(t: torch.Tensor | None, transpose: bool = False) -> np.ndarray | None:
+    if t is None:
+        return None
+    a = t.detach().to("cpu", torch.float32)
+    return (a.t() if transpose else a).contiguous().numpy()
+
+
+def _rms(g: _Builder, x: str, w: np.ndarray, eps: float) -> str:
+    var = g.op("ReduceMean", g.op("Mul", x, x), axes=[-1], keepdims=1)
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", var, g.const(np.float32(eps)))))
+    return g.op("Mul", g.const(w, "norm"), g.op("Mul", x, inv))
+
+
+def _linear(g: _Builder, x: str, w: torch.Tensor, b: torch.Tensor | None) -> str:
+    y = g.op("MatMul", x, g.const(_weight(w, transpose=True), "w"))
+    return y if b is None else g.op("Add", y, g.const(_weight(b), "b"))
+
+
+def _rope(g: _Builder, x: str, cos: str, sin: str, hd: int) -> str:
+    """x (B, T, heads, hd) rotated by cos/sin (B, T, 1, hd): x * cos + rotate_half(x) * sin."""
+    half = hd // 2
+    lo = g.op("Slice", x, g.const(np.array([0], np.int64)), g.const(np.array([half], np.int64)),
+              g.const(np.array([3], np.int64)))
+    hi = g.op("Slice", x, g.const(np.array([half], np.int64)), g.const(np.array([hd], np.int64)),
+              g.const(np.array([3], np.int64)))
+    rot = g.op("Concat", g.op("Neg", hi), lo, axis=3)
+    return g.op("Add", g.op("Mul", x, cos), g.op("Mul", rot, sin))
+
+
+def build_step(model: Any, shape: StepShape) -> bytes:
+    """The serialized ONNX model of one step of ``model`` (a ``capsule.llm.model.Decoder``)."""
+    from onnx import TensorProto, checker, helper
+
+    cfg: ModelConfig = model.cfg
+    B, T, nb, NB, bs = (shape.batch, shape.tokens, shape.table_blocks, shape.pool_blocks,
+                        shape.block_size)
+    L, H, KV, hd, D = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    G, S, N, eps = H // KV, nb * bs, B * T, cfg.rms_norm_eps
+    if model.rope_cos.shape[0] == 0:
+        raise ValueError("prepare_rope(max_context) the model before building its ONNX step")
+    g = _Builder()
+    x = g.op("Gather", g.const(_weight(model.p("model.embed_tokens.weight")), "embed"), "input_ids",
+             axis=0)                                                              # (B, T, D)
+    cos = g.shape(g.op("Gather", g.const(_weight(model.rope_cos), "cos"), "positions", axis=0),
+                  B, T, 1, hd)                                                    # (B, T, 1, hd)
+    sin = g.shape(g.op("Gather", g.const(_weight(model.rope_sin), "sin"), "positions", axis=0),
+                  B, T, 1, hd)
+    # the pool as (NB, L*2, bs, KV, hd): plane 2*i is layer i's keys, 2*i+1 its values
+    planes = g.shape("kv_pool", NB, L * 2, bs, KV, hd)
+    bias = g.shape(g.op("Expand", g.shape("attn_bias", B, 1, 1, T, S + T),
+                        g.const(np.array([B, 1, G, T, S + T], np.int64))), B, 1, G * T, S + T)
+    scale = g.const(np.float32(model.scale))
+    updates: list[str] = []
+    for i, lw in enumerate(model.layers):
+        h = _rms(g, x, _weight(lw.in_norm), eps)
+        q = g.shape(_linear(g, h, lw.q, lw.q_bias), B, T, H, hd)
+        k = g.shape(_linear(g, h, lw.k, lw.k_bias), B, T, KV, hd)
+        v = g.shape(_linear(g, h, lw.v, lw.v_bias), B, T, KV, hd)
+        if lw.q_norm is not None:
+            q, k = _rms(g, q, _weight(lw.q_norm), eps), _rms(g, k, _weight(lw.k_norm), eps)
+        q, k = _rope(g, q, cos, sin, hd), _rope(g, k, cos, sin, hd)
+        updates += [g.shape(k, N, KV, hd), g.shape(v, N, KV, hd)]
+        past = []
+        for plane in (2 * i, 2 * i + 1):
+            cache = g.op("Gather", planes, g.const(np.int64(plane)), axis=1)    # (NB, bs, KV, hd)
+            rows = g.op("Gather", cache, "block_tables", axis=0)               # (B, nb, bs, KV, hd)
+            past.append(g.shape(rows, B, S, KV, hd))
+        keys = g.op("Concat", past[0], k, axis=1)                              # (B, S+T, KV, hd)
+        vals = g.op("Concat", past[1], v, axis=1)
+        # (B, KV, G*T, hd) queries against (B, KV, hd, S+T) keys: head h = kv * G + g
+        qh = g.shape(g.op("Transpose", g.shape(q, B, T, KV, G, hd), perm=[0, 2, 3, 1, 4]),
+                     B, KV, G * T, hd)
+        kt = g.op("Transpose", keys, perm=[0, 2, 3, 1])
+        scores = g.op("Add", g.op("Mul", g.op("MatMul", qh, kt), scale), bias)   # (B, KV, G*T, S+T)
+        att = g.op("MatMul", g.op("Softmax", scores, axis=-1),
+                   g.op("Transpose", vals, perm=[0, 2, 1, 3]))                  # (B, KV, G*T, hd)
+        att = g.shape(g.op("Transpose", g.shape(att, B, KV, G, T, hd), perm=[0, 3, 1, 2, 4]),
+                      B, T, H * hd)
+        x = g.op("Add", x, _linear(g, att, lw.o, lw.o_bias))
+        h = _rms(g, x, _weight(lw.post_norm), eps)
+        gate = _linear(g, h, lw.gate, None)
+        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h, lw.up, None))
+        x = g.op("Add", x, _linear(g, act, lw.down, None))
+    g.op("Identity", _rms(g, x, _weight(model.p("model.norm.weight")), eps), out="hidden")
+    # every layer's new K/V into the pool at once: rows (block, layer, k|v, offset)
+    slot = g.shape("slot_mapping", N, 1)
+    blk = g.op("Div", slot, g.const(np.array(bs, np.int64)))
+    off = g.op("Sub", slot, g.op("Mul", blk, g.const(np.array(bs, np.int64))))
+    index = [g.op("Concat", blk, g.const(np.full((N, 1), i, np.int64)),
+                  g.const(np.full((N, 1), kind, np.int64)), off, axis=1)
+             for i in range(L) for kind in (0, 1)]                              # each (N, 4)
+    g.op("ScatterND", "kv_pool", g.op("Concat", *index, axis=0), g.op("Concat", *updates, axis=0),
+         out="kv_pool_out")
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    pool_dims = [NB, L, 2, bs, KV, hd]
+    inputs = [helper.make_tensor_value_info("input_ids", i64, [B, T]),
+              helper.make_tensor_value_info("positions", i64, [B, T]),
+              helper.make_tensor_value_info("slot_mapping", i64, [N]),
+              helper.make_tensor_value_info("block_tables", i64, [B, nb]),
+              helper.make_tensor_value_info("attn_bias", f32, [B, 1, T, S + T]),
+              helper.make_tensor_value_info("kv_pool", f32, pool_dims)]
+    outputs = [helper.make_tensor_value_info("hidden", f32, [B, T, D]),
+               helper.make_tensor_value_info("kv_pool_out", f32, pool_dims)]
+    graph = helper.make_graph(g.nodes, "capsule_step", inputs, outputs, g.inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                   producer_name="capsule")
+    checker.check_model(onnx_model)
+    return onnx_model.SerializeToString()
+
+
+def step_bias(positions: torch.Tensor, n_past_slots: int, key_valid: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """attn_bias (B, 1, T, S + T): query t of row b sees past slot s when s < positions[b, 0]
+    (and key_valid[b, s]), and the chunk's own tokens 0..t (causal)."""
+    B, T = positions.shape
+    s = torch.arange(n_past_slots, device=positions.device)
+    past = (s[None, :] < positions[:, :1])                                   # (B, S)
+    if key_valid is not None:
+        past = past & key_valid
+    own = torch.ones(T, T, dtype=torch.bool, device=positions.device).tril()  # (T, T)
+    seen = torch.cat([past[:, None, :].expand(B, T, n_past_slots), own.expand(B, T, T)], dim=-1)
+    zero = torch.zeros((), dtype=torch.float32, device=positions.device)
+    return torch.where(seen, zero, float("-inf")).unsqueeze(1)               # (B, 1, T, S+T)

@@ -1,0 +1,137 @@
+"""The ONNX Runtime LLM step (capsule.llm.engine_ort, onnx_step) equals Decoder.forward and writes
+the KV pool in place (issue 15): prefill + 256 greedy decode steps on builtin:small, batched
+rows and every random HF checkpoint kind, memory-region holes, the graph's in-place contract."""
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from capsule.errors import EngineUnavailable
+from capsule.llm import load_model
+from capsule.llm.engine_ort import OrtStep
+from capsule.llm.onnx_step import INPUTS, OUTPUTS, StepShape, build_step
+from hf_checkpoints import CHECKPOINT_KINDS, make_checkpoint
+
+BS = 16
+TOL = 1e-4
+
+
+def _pool(model, nb: int, seed: int = 0) -> torch.Tensor:
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(nb, cfg.num_layers, 2, BS, cfg.num_kv_heads, cfg.head_dim, generator=g) * 0.3
+
+
+def _slots(tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return (tables.gather(1, positions // BS) * BS + positions % BS).reshape(-1)
+
+
+def test_prefill_and_256_greedy_decode_steps_equal_torch():
+    torch.manual_seed(0)
+    model, _ = load_model("builtin:small")
+    model.prepare_rope(512)
+    nb = 20                                            # 320 slots: prompt 40 + 256 steps
+    tables = torch.arange(1, nb + 1)[None]
+    pool_t, pool_o = _pool(model, nb + 1), None
+    pool_o = pool_t.clone()
+    ptr = pool_o.data_ptr()
+    ort_step = OrtStep(model, threads=1)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40))
+    pos = torch.arange(40)[None]
+    tokens_t, tokens_o = [], []
+    worst = 0.0
+    with torch.no_grad():
+        for step in range(257):
+            slot = _slots(tables, pos)
+            h_t = model(ids, pos, slot, tables, pool_t)
+            h_o = ort_step.forward(ids_o if step else ids, pos, slot, tables, pool_o)
+            lt, lo = model.lm_head(h_t[:, -1]), model.lm_head(h_o[:, -1])
+            worst = max(worst, (lt - lo).abs().max().item())
+            nt, no = int(lt.argmax()), int(lo.argmax())
+            tokens_t.append(nt)
+            tokens_o.append(no)
+            ids, ids_o = torch.tensor([[nt]]), torch.tensor([[no]])
+            pos = pos[:, -1:] + 1
+    assert worst < TOL, worst
+    assert tokens_o == tokens_t                       # identical greedy ids, 257 of them
+    assert torch.allclose(pool_o, pool_t, atol=TOL, rtol=0)   # the same K/V, in the same slots
+    assert pool_o.data_ptr() == ptr                   # written in place, never replaced
+    assert {s.tokens for s in ort_step.shapes} == {40, 1}      # one session per step shape
+
+
+@pytest.fixture(scope="module", params=CHECKPOINT_KINDS)
+def hf_model(request, tmp_path_factory):
+    folder = make_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
+    model, _ = load_model(folder)
+    model.prepare_rope(256)
+    return model
+
+
+def test_batched_rows_of_every_checkpoint_kind_equal_torch(hf_model):
+    model = hf_model
+    nb, B = 4, 3
+    tables = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    pool_t = _pool(model, 13, seed=1)
+    pool_o = pool_t.clone()
+    step = OrtStep(model, threads=1)
+    # rows at different lengths: a prefill chunk of 5 tokens each, starting at 0, 17 and 40
+    start = torch.tensor([0, 17, 40])
+    pos = start[:, None] + torch.arange(5)
+    ids = torch.randint(0, model.cfg.vocab_size, (B, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for _ in range(4):                                 # the chunk, then 3 batched decodes
+            slot = _slots(tables, pos)
+            h_t = model(ids, pos, slot, tables, pool_t)
+            h_o = step.forward(ids, pos, slot, tables, pool_o)
+            assert (h_t - h_o).abs().max().item() < TOL
+            ids = model.lm_head(h_t[:, -1:]).argmax(-1)
+            pos = pos[:, -1:] + 1
+    assert torch.allclose(pool_o, pool_t, atol=TOL, rtol=0)
+    assert nb * BS >= int(pos.max()) + 1
+
+
+def test_memory_region_holes_are_never_attended(hf_model):
+    model = hf_model
+    tables = torch.tensor([[1, 2, 3]])
+    pool_t = _pool(model, 4, seed=3)
+    pool_o = pool_t.clone()
+    valid = torch.ones(4, BS, dtype=torch.bool)
+    valid[1, 3:9] = False                                  # holes inside the live range
+    valid[2, :5] = False
+    pos = torch.tensor([[30]])
+    ids = torch.tensor([[7]])
+    slot = _slots(tables, pos)
+    with torch.no_grad():
+        h_t = model(ids, pos, slot, tables, pool_t, slot_valid=valid)
+        h_o = OrtStep(model, threads=1).forward(ids, pos, slot, tables, pool_o, slot_valid=valid)
+        h_no_holes = model(ids, pos, slot, tables, pool_t.clone())
+    assert (h_t - h_o).abs().max().item() < TOL
+    assert (h_t - h_no_holes).abs().max().item() > 1e-3    # the holes do change the result
+
+
+def test_the_graph_writes_the_pool_input_it_was_given(hf_model):
+    # torch.onnx drops in-place writes to inputs silently; this graph must have the updated pool
+    # as an output, made by one ScatterND straight from the pool input (so ORT can alias them)
+    proto = onnx.load_from_string(build_step(hf_model, StepShape(2, 1, 4, 9, BS)))
+    assert [i.name for i in proto.graph.input] == list(INPUTS)
+    assert [o.name for o in proto.graph.output] == list(OUTPUTS)
+    (writer,) = [n for n in proto.graph.node if "kv_pool_out" in n.output]
+    assert writer.op_type == "ScatterND" and writer.input[0] == "kv_pool"
+    readers = [n for n in proto.graph.node if "kv_pool" in n.input]
+    assert {n.op_type for n in readers} == {"Reshape", "ScatterND"}   # reads, then the one write
+    pool_in = [i for i in proto.graph.input if i.name == "kv_pool"][0]
+    pool_out = [o for o in proto.graph.output if o.name == "kv_pool_out"][0]
+    assert pool_in.type == pool_out.type                   # same shape and dtype: bindable as one
+
+
+def test_refusals_say_what_to_fix(hf_model):
+    model16 = type(hf_model)(hf_model.cfg, {n.replace("/", "."): p.detach().half()
+                                            for n, p in hf_model.w.items()})
+    with pytest.raises(EngineUnavailable, match="fp32 models on CPU"):
+        OrtStep(model16)
+    step = OrtStep(hf_model)
+    pool = _pool(hf_model, 5).half()
+    with pytest.raises(ValueError, match="contiguous fp32 pool"):
+        step.forward(torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([16]),
+                     torch.tensor([[1]]), pool)
