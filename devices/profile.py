@@ -38,6 +38,7 @@ REMOVED = {
 BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
 DECODE_ATTENTION = ("torch", "triton")   # runtime.decode_attention (capsule.llm.model uses it)
+LLM_ENGINES = ("torch", "onnxruntime")   # runtime.llm_engines (capsule.assembly selects)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -55,6 +56,7 @@ class RuntimeDefaults:
     context_policy: str = "error"     # a stream that would pass max_context: "error" or "shift"
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
     decode_attention: str = "torch"   # "torch" or "triton" (edge_kernels.paged_decode; needs Triton)
+    llm_engines: tuple[str, ...] = ("torch",)   # LLM step engines, first that runs here wins
 
     def __post_init__(self) -> None:
         check_choice("runtime.dtype", self.dtype, DTYPES)
@@ -81,6 +83,14 @@ class RuntimeDefaults:
         check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION)
         if self.threads is not None:
             check_int("runtime.threads", self.threads, lo=1)
+        if not isinstance(self.llm_engines, (list, tuple)) or not self.llm_engines:
+            raise bad("runtime.llm_engines", self.llm_engines,
+                      f"is not a non-empty list of {', '.join(LLM_ENGINES)}")
+        engines = tuple(check_choice(f"runtime.llm_engines[{i}]", e, LLM_ENGINES)
+                        for i, e in enumerate(self.llm_engines))
+        if len(set(engines)) != len(engines):
+            raise bad("runtime.llm_engines", list(engines), "lists an engine more than once")
+        set_field(self, "llm_engines", engines)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -182,6 +192,7 @@ class DeviceProfile:
         d = dataclasses.asdict(self)
         d["engines"] = list(self.engines)
         d["runtime"]["batch_buckets"] = list(self.runtime.batch_buckets)
+        d["runtime"]["llm_engines"] = list(self.runtime.llm_engines)
         return d
 
     def replace_runtime(self, **kw: Any) -> DeviceProfile:

@@ -74,6 +74,16 @@ def test_doctor_reports_torch_cpu_ok_without_onnxruntime(monkeypatch, capsys):
     assert re.search(r"^torch cpu\s+OK\s+\S+\s+matmul exact", out, re.M), out
     assert re.search(r"^onnxruntime\s+MISSING\s+-\s+not importable", out, re.M), out
     assert re.search(r"^tensorrt\s+MISSING", out, re.M), out
+    assert re.search(r"^llm onnxruntime\s+MISSING\s+-\s+the LLM engine 'onnxruntime' needs", out, re.M), out
+
+
+def test_doctor_checks_the_onnxruntime_llm_engine_against_torch():
+    from capsule.tools.doctor import probe_llm_onnxruntime
+
+    (check,) = run_checks([("llm onnxruntime", probe_llm_onnxruntime)])
+    assert check.status == OK, check
+    diff = float(re.search(r"max \|diff\| (\S+) vs torch", check.reason).group(1))
+    assert diff < 1e-4
 
 
 def test_doctor_onnxruntime_without_onnx_says_what_to_install(monkeypatch):
@@ -132,11 +142,16 @@ def test_bench_decode_writes_results(tmp_path, capsys):
         assert row["steps"] == 4 and row["graphs"] == "n/a"
         assert 0 < row["p50_ms"] <= row["p99_ms"] and row["tokens_per_s"] > 0
     assert "| batch | graphs |" in (out_dir / "results.md").read_text()
-    threads = res["threads"]   # a CPU run measures 1 and 2 threads (as many as there are cores)
-    assert [r["threads"] for r in threads["rows"]] == [t for t in (1, 2) if t <= threads["cores"]]
+    # a CPU run measures both LLM engines (onnxruntime is in the test install) at 1 and 2
+    # threads (as many as there are cores)
+    threads = res["threads"]
+    counts = [t for t in (1, 2) if t <= threads["cores"]]
+    assert [(r["engine"], r["threads"]) for r in threads["rows"]] == \
+        [(e, t) for e in ("torch", "onnxruntime") for t in counts]
     for row in threads["rows"]:
         assert row["prefill_tokens_per_s"] > 0 and row["decode_steps"] >= 1
         assert 0 < row["decode_ms_p50"] <= row["decode_ms_p99"]
+        assert row["batch4_ms_per_token_p50"] > 0
 
 
 def _store_with_epochs(path):

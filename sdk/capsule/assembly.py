@@ -19,6 +19,7 @@ import devices
 from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
+from .llm.engines import select_llm_engine
 from .llm.streams import export_streams, import_streams
 from .memory.config import MemoryConfig
 from .memory.facts import Memory
@@ -155,7 +156,8 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
                   dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
-                         use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda")
+                         use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda",
+                         step=select_llm_engine(decoder, rt.llm_engines, threads=rt.threads))
     return LLMParts(Engine(runner, pool, tok, context_policy=rt.context_policy), tok, info)
 
 
@@ -183,6 +185,10 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # differ bitwise at 1 vs 2 threads), so a capsule continues bit-exactly only at its count.
         # Unset, the count is torch's default (the machine's cores), unbound as before
         layout["threads"] = rt.threads
+    if llm and llm.engine.runner.engine_name != "torch":
+        # another engine sums in another order: a capsule continues bit-exactly only under the
+        # engine it was taken with (a restore under another is a CapsuleMismatch naming both)
+        layout["llm_engine"] = llm.engine.runner.engine_name
     if llm and rt.decode_attention != "torch":
         # the Triton decode kernel sums in another order than SDPA: a capsule continues
         # bit-exactly only under the attention it was taken with (named only when not the default)
@@ -210,6 +216,8 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
     if llm:
         layout["kv_blocks"] = llm.engine.pool.num_blocks
         layout["kv_dtype"] = rt.kv_cache_dtype
+        layout["llm_engine"] = llm.engine.runner.engine_name
+        layout["decode_attention"] = rt.decode_attention
     if actor is not None:
         spec = actor.runner.spec
         layout["policy"] = f"{spec.name} ({spec.digest[:12]})"

@@ -223,6 +223,11 @@ class Session:
         """Which engine runs the policy ("torch", "onnxruntime" or "tensorrt")."""
         return self.actor.runner.engine_name
 
+    @property
+    def llm_engine(self) -> str:
+        """Which engine runs the LLM's steps ("torch" or "onnxruntime": runtime.llm_engines)."""
+        return self._llm().engine.runner.engine_name
+
     # -- capsules -----------------------------------------------------------------------------
     def checkpoint(self, *, wait: bool = True, name: str | None = None,
                    defer: bool = False) -> int | None:

@@ -13,19 +13,27 @@ LLM lock (as Decoder.forward is). ``onnxruntime`` is imported lazily.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import EngineUnavailable
+from .kv_pool import SCRATCH_BLOCK
 from .onnx_step import INPUTS, OUTPUTS, StepShape, build_step, step_bias
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
 
 
 class OrtStep:
-    """ONNX Runtime steps of ``model`` over pools of its layout (CPU execution provider)."""
+    """ONNX Runtime steps of ``model`` over pools of its layout (CPU execution provider).
+
+    Called as the runner's step engine (``runner.StepEngine``), shapes are bucketed so a few
+    sessions serve every call: T and the block-table width are rounded up to a power of two,
+    the padding tokens write to the scratch block 0 and are never attended, the padding blocks
+    are the scratch block and lie past every query's position. A prefill across a memory region
+    (``block_pos`` / ``segments``) runs the model's own torch step, on the same pool."""
+    name = "onnxruntime"
 
     def __init__(self, model: Any, *, threads: int | None = None) -> None:
         try:
@@ -40,6 +48,7 @@ class OrtStep:
         self._ort = ort
         self._threads = threads if threads is not None else torch.get_num_threads()
         self._sessions: dict[StepShape, Any] = {}
+        self._weights: tuple[list[str], list[Any]] | None = None   # shared by every session
 
     @property
     def shapes(self) -> list[StepShape]:
@@ -49,11 +58,19 @@ class OrtStep:
     def session(self, shape: StepShape) -> Any:
         got = self._sessions.get(shape)
         if got is None:
+            blob, external = build_step(self.model, shape)
+            if self._weights is None:
+                # OrtValues over the model's own memory (no copy), kept alive with this object
+                names = list(external)
+                self._weights = (names, [self._ort.OrtValue.ortvalue_from_numpy(external[n].numpy())
+                                         for n in names])
             so = self._ort.SessionOptions()
             so.intra_op_num_threads = self._threads
             so.inter_op_num_threads = 1
-            got = self._ort.InferenceSession(build_step(self.model, shape), so,
-                                             providers=["CPUExecutionProvider"])
+            # prepacking would give each session its own repacked copy of every weight
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            so.add_external_initializers(*self._weights)
+            got = self._ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
             names_in = [i.name for i in got.get_inputs()]
             names_out = [o.name for o in got.get_outputs()]
             if names_in != list(INPUTS) or names_out != list(OUTPUTS):
@@ -61,6 +78,29 @@ class OrtStep:
                                         f"{names_out}, expected {list(INPUTS)} -> {list(OUTPUTS)}")
             self._sessions[shape] = got
         return got
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 slot_mapping: torch.Tensor, block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
+                 slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
+                 segments: Sequence[tuple[int, int, int]] | None = None) -> torch.Tensor:
+        if block_pos is not None or segments is not None:
+            return self.model(input_ids, positions, slot_mapping, block_tables, kv_pool,
+                              slot_valid=slot_valid, block_pos=block_pos, segments=segments)
+        B, T = input_ids.shape
+        tb, nbb = _pow2(T), _pow2(block_tables.shape[1])
+        if tb != T:
+            pad = tb - T
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(B, pad)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(B, pad)], 1)
+            # each row's padding tokens write to the scratch block's slots (never read)
+            scratch = (torch.arange(B * pad) % kv_pool.shape[3]).view(B, pad)
+            slot_mapping = torch.cat([slot_mapping.view(B, T), scratch], 1).reshape(-1)
+        if nbb != block_tables.shape[1]:
+            block_tables = torch.cat([block_tables, block_tables.new_full(
+                (B, nbb - block_tables.shape[1]), SCRATCH_BLOCK)], 1)
+        hidden = self.forward(input_ids, positions, slot_mapping, block_tables, kv_pool,
+                              slot_valid=slot_valid)
+        return hidden[:, :T]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
@@ -89,6 +129,10 @@ class OrtStep:
         _bind(io.bind_output, "kv_pool_out", kv_pool)     # the same buffer: ScatterND in place
         sess.run_with_iobinding(io)
         return hidden
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _bind(bind: Any, name: str, t: torch.Tensor) -> None:

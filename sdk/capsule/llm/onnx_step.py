@@ -16,6 +16,10 @@ the same data_ptr every step, and the dirty-block tracking of the torch path sta
 per-layer write would feed the next layer's reads, and torch.onnx's exporter silently drops an
 in-place ``index_copy_`` on an input: the graph is built here, op by op, from the weights.)
 
+Weights are not copied into the graph: each is an external initializer named after its
+Hugging Face name, and ONNX Runtime is handed the model's own tensors
+(``SessionOptions.add_external_initializers``), so every step shape shares them.
+
 The math is ``Decoder.forward``'s: RMSNorm in fp32, rotate-half RoPE from the same tables, GQA
 (query head h reads kv head h // G), SwiGLU, optional QKV / o biases and Qwen3's q/k norms. The
 past-plus-new order of the keys changes only the order of a softmax sum (~1e-7).
@@ -52,7 +56,26 @@ class _Builder:
         self._helper, self._np = helper, numpy_helper
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
+        self.external: dict[str, torch.Tensor] = {}
         self._n = 0
+
+    def weight(self, name: str, t: torch.Tensor) -> str:
+        """A weight the graph names but does not hold: ONNX Runtime gets the model's own memory
+        (add_external_initializers), so every step shape shares one copy, the model's."""
+        from onnx import TensorProto
+        if name not in self.external:
+            if t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"{name}: the ONNX step takes contiguous fp32 weights")
+            proto = TensorProto()
+            proto.name, proto.data_type = name, TensorProto.FLOAT
+            proto.dims.extend(t.shape)
+            proto.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", "capsule-weights"), ("length", str(t.numel() * 4))):
+                entry = proto.external_data.add()
+                entry.key, entry.value = key, value
+            self.inits.append(proto)
+            self.external[name] = t.detach()
+        return name
 
     def name(self, hint: str) -> str:
         self._n += 1
@@ -73,22 +96,15 @@ class _Builder:
         return self.op("Reshape", x, self.const(np.array(dims, dtype=np.int64), "shape"))
 
 
-def _weight(t: torch.Tensor | None, transpose: bool = False) -> np.ndarray | None:
-    if t is None:
-        return None
-    a = t.detach().to("cpu", torch.float32)
-    return (a.t() if transpose else a).contiguous().numpy()
-
-
-def _rms(g: _Builder, x: str, w: np.ndarray, eps: float) -> str:
+def _rms(g: _Builder, x: str, w: str, eps: float) -> str:
     var = g.op("ReduceMean", g.op("Mul", x, x), axes=[-1], keepdims=1)
     inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", var, g.const(np.float32(eps)))))
-    return g.op("Mul", g.const(w, "norm"), g.op("Mul", x, inv))
+    return g.op("Mul", w, g.op("Mul", x, inv))
 
 
-def _linear(g: _Builder, x: str, w: torch.Tensor, b: torch.Tensor | None) -> str:
-    y = g.op("MatMul", x, g.const(_weight(w, transpose=True), "w"))
-    return y if b is None else g.op("Add", y, g.const(_weight(b), "b"))
+def _linear(g: _Builder, x: str, n: int, w: str, b: str | None) -> str:
+    """x (n, in) @ w.T (+ b): the torch (out, in) weight as is (Gemm transB)."""
+    return g.op("Gemm", x, w, *([b] if b else []), transB=1)
 
 
 def _rope(g: _Builder, x: str, cos: str, sin: str, hd: int) -> str:
@@ -102,9 +118,10 @@ def _rope(g: _Builder, x: str, cos: str, sin: str, hd: int) -> str:
     return g.op("Add", g.op("Mul", x, cos), g.op("Mul", rot, sin))
 
 
-def build_step(model: Any, shape: StepShape) -> bytes:
-    """The serialized ONNX model of one step of ``model`` (a ``capsule.llm.model.Decoder``)."""
-    from onnx import TensorProto, checker, helper
+def build_step(model: Any, shape: StepShape) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """One step of ``model`` (a ``capsule.llm.model.Decoder``): (the serialized ONNX graph,
+    the weights it names as external initializers, each the model's own tensor)."""
+    from onnx import TensorProto, helper
 
     cfg: ModelConfig = model.cfg
     B, T, nb, NB, bs = (shape.batch, shape.tokens, shape.table_blocks, shape.pool_blocks,
@@ -114,31 +131,42 @@ def build_step(model: Any, shape: StepShape) -> bytes:
     if model.rope_cos.shape[0] == 0:
         raise ValueError("prepare_rope(max_context) the model before building its ONNX step")
     g = _Builder()
-    x = g.op("Gather", g.const(_weight(model.p("model.embed_tokens.weight")), "embed"), "input_ids",
-             axis=0)                                                              # (B, T, D)
-    cos = g.shape(g.op("Gather", g.const(_weight(model.rope_cos), "cos"), "positions", axis=0),
-                  B, T, 1, hd)                                                    # (B, T, 1, hd)
-    sin = g.shape(g.op("Gather", g.const(_weight(model.rope_sin), "sin"), "positions", axis=0),
-                  B, T, 1, hd)
-    # the pool as (NB, L*2, bs, KV, hd): plane 2*i is layer i's keys, 2*i+1 its values
-    planes = g.shape("kv_pool", NB, L * 2, bs, KV, hd)
+
+    def w(hf_name: str) -> str:
+        return g.weight(hf_name, model.p(hf_name))
+
+    def opt(hf_name: str, t: torch.Tensor | None) -> str | None:
+        return None if t is None else g.weight(hf_name, t)
+
+    ids = g.shape("input_ids", N)
+    x = g.op("Gather", w("model.embed_tokens.weight"), ids, axis=0)              # (N, D)
+    pos = g.shape("positions", N)
+    cos = g.shape(g.op("Gather", g.weight("rope.cos", model.rope_cos), pos, axis=0), B, T, 1, hd)
+    sin = g.shape(g.op("Gather", g.weight("rope.sin", model.rope_sin), pos, axis=0), B, T, 1, hd)
+    # the rows' blocks of every layer, gathered once: (B, nb, L*2, bs, KV, hd), plane 2*i is
+    # layer i's keys, 2*i+1 its values (a per-layer Gather on the pool would copy whole planes)
+    planes = g.shape(g.op("Gather", "kv_pool", "block_tables", axis=0), B, nb, L * 2, bs, KV, hd)
     bias = g.shape(g.op("Expand", g.shape("attn_bias", B, 1, 1, T, S + T),
                         g.const(np.array([B, 1, G, T, S + T], np.int64))), B, 1, G * T, S + T)
     scale = g.const(np.float32(model.scale))
     updates: list[str] = []
     for i, lw in enumerate(model.layers):
-        h = _rms(g, x, _weight(lw.in_norm), eps)
-        q = g.shape(_linear(g, h, lw.q, lw.q_bias), B, T, H, hd)
-        k = g.shape(_linear(g, h, lw.k, lw.k_bias), B, T, KV, hd)
-        v = g.shape(_linear(g, h, lw.v, lw.v_bias), B, T, KV, hd)
-        if lw.q_norm is not None:
-            q, k = _rms(g, q, _weight(lw.q_norm), eps), _rms(g, k, _weight(lw.k_norm), eps)
+        p = f"model.layers.{i}."
+        h = _rms(g, x, w(p + "input_layernorm.weight"), eps)
+        q = g.shape(_linear(g, h, N, w(p + "self_attn.q_proj.weight"),
+                            opt(p + "self_attn.q_proj.bias", lw.q_bias)), B, T, H, hd)
+        k = g.shape(_linear(g, h, N, w(p + "self_attn.k_proj.weight"),
+                            opt(p + "self_attn.k_proj.bias", lw.k_bias)), B, T, KV, hd)
+        v = g.shape(_linear(g, h, N, w(p + "self_attn.v_proj.weight"),
+                            opt(p + "self_attn.v_proj.bias", lw.v_bias)), B, T, KV, hd)
+        if lw.q_norm is not None:   # Qwen3: per head, over hd, before RoPE
+            q = _rms(g, q, w(p + "self_attn.q_norm.weight"), eps)
+            k = _rms(g, k, w(p + "self_attn.k_norm.weight"), eps)
         q, k = _rope(g, q, cos, sin, hd), _rope(g, k, cos, sin, hd)
         updates += [g.shape(k, N, KV, hd), g.shape(v, N, KV, hd)]
         past = []
         for plane in (2 * i, 2 * i + 1):
-            cache = g.op("Gather", planes, g.const(np.int64(plane)), axis=1)    # (NB, bs, KV, hd)
-            rows = g.op("Gather", cache, "block_tables", axis=0)               # (B, nb, bs, KV, hd)
+            rows = g.op("Gather", planes, g.const(np.int64(plane)), axis=2)    # (B, nb, bs, KV, hd)
             past.append(g.shape(rows, B, S, KV, hd))
         keys = g.op("Concat", past[0], k, axis=1)                              # (B, S+T, KV, hd)
         vals = g.op("Concat", past[1], v, axis=1)
@@ -150,13 +178,16 @@ def build_step(model: Any, shape: StepShape) -> bytes:
         att = g.op("MatMul", g.op("Softmax", scores, axis=-1),
                    g.op("Transpose", vals, perm=[0, 2, 1, 3]))                  # (B, KV, G*T, hd)
         att = g.shape(g.op("Transpose", g.shape(att, B, KV, G, T, hd), perm=[0, 3, 1, 2, 4]),
-                      B, T, H * hd)
-        x = g.op("Add", x, _linear(g, att, lw.o, lw.o_bias))
-        h = _rms(g, x, _weight(lw.post_norm), eps)
-        gate = _linear(g, h, lw.gate, None)
-        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), _linear(g, h, lw.up, None))
-        x = g.op("Add", x, _linear(g, act, lw.down, None))
-    g.op("Identity", _rms(g, x, _weight(model.p("model.norm.weight")), eps), out="hidden")
+                      N, H * hd)
+        x = g.op("Add", x, _linear(g, att, N, w(p + "self_attn.o_proj.weight"),
+                                   opt(p + "self_attn.o_proj.bias", lw.o_bias)))
+        h = _rms(g, x, w(p + "post_attention_layernorm.weight"), eps)
+        gate = _linear(g, h, N, w(p + "mlp.gate_proj.weight"), None)
+        up = _linear(g, h, N, w(p + "mlp.up_proj.weight"), None)
+        act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+        x = g.op("Add", x, _linear(g, act, N, w(p + "mlp.down_proj.weight"), None))
+    g.op("Reshape", _rms(g, x, w("model.norm.weight"), eps),
+         g.const(np.array([B, T, D], np.int64)), out="hidden")
     # every layer's new K/V into the pool at once: rows (block, layer, k|v, offset)
     slot = g.shape("slot_mapping", N, 1)
     blk = g.op("Div", slot, g.const(np.array(bs, np.int64)))
@@ -179,8 +210,8 @@ def build_step(model: Any, shape: StepShape) -> bytes:
     graph = helper.make_graph(g.nodes, "capsule_step", inputs, outputs, g.inits)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                    producer_name="capsule")
-    checker.check_model(onnx_model)
-    return onnx_model.SerializeToString()
+
+    return onnx_model.SerializeToString(), g.external
 
 
 def step_bias(positions: torch.Tensor, n_past_slots: int, key_valid: torch.Tensor | None = None

@@ -13,7 +13,7 @@ import bisect
 import functools
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -22,6 +22,17 @@ from ..state.regions import RegionRegistry
 from .kv_pool import SCRATCH_BLOCK, BlockTable, KVPool, attended_blocks
 from .model import Decoder
 from .sampler import Sampler
+
+
+class StepEngine(Protocol):
+    """Runs one step with ``Decoder.forward``'s contract on the same pool, in place: K/V of the
+    new tokens written to their slots, the final normed hidden states (B, T, D) returned."""
+    name: str   # runtime.llm_engines name: "onnxruntime", ...
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
+                 slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
+                 segments: Sequence[tuple[int, int, int]] | None = None) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -40,13 +51,16 @@ class GraphRunner:
 
     def __init__(self, model: Decoder, pool: KVPool, registry: RegionRegistry, *,
                  buckets: Sequence[int], max_context: int, prefill_chunk: int,
-                 use_cuda_graphs: bool):
+                 use_cuda_graphs: bool, step: StepEngine | None = None):
         if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
             raise ValueError(f"batch buckets must be strictly increasing ints >= 1, got {list(buckets)}")
         if max_context % pool.block_size:
             raise ValueError(f"max_context ({max_context}) must be a multiple of block_size "
                              f"({pool.block_size})")
         self.model, self.pool = model, pool
+        # what runs a step: the model itself (torch) or an engine with its forward's contract
+        self.step: StepEngine | Decoder = step if step is not None else model
+        self.engine_name = "torch" if step is None else step.name
         self.buckets = tuple(buckets)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -168,7 +182,7 @@ class GraphRunner:
                      skipping: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         nb = self.max_blocks if n_blocks is None else n_blocks
         tables, block_pos = (self.block_tables[:b, :nb], None) if skipping is None else skipping
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
+        hidden = self.step(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
                             tables, self.pool.tensor, slot_valid=self.pool.slot_valid,
                             block_pos=block_pos)                                 # (b, 1, D)
         self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
@@ -212,7 +226,7 @@ class GraphRunner:
             kept, idx = table.attended(nb)   # wholly empty memory-region blocks are left out
             blocks = torch.tensor(kept, dtype=torch.long, device=dev)
             block_pos = None if idx is None else torch.tensor([idx], dtype=torch.long, device=dev)
-            hidden = self.model(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
+            hidden = self.step(ids.view(1, -1), pos.view(1, -1), slots, blocks.view(1, -1),
                                 self.pool.tensor, slot_valid=self.pool.slot_valid,
                                 block_pos=block_pos,
                                 segments=_gap_segments(at, idx, self.pool.block_size))  # (1, C, D)

@@ -2,7 +2,8 @@
 
 Every probe imports its backend lazily and runs inside a guard, so a broken or missing
 backend becomes one FAILED or MISSING line, never a crash of the command. The torch probes
-live here (they open a Session); each policy engine's probe comes from policy/registry.py.
+live here (they open a Session); each policy engine's probe comes from policy/registry.py; the
+LLM engine "onnxruntime" is checked against the torch step.
 The torch cpu probe adds a "cpu load" line: WARN when other processes already keep the cores
 busy that the session's threads would need (a decode step then waits for a core).
 """
@@ -169,11 +170,46 @@ def probe_policy(work: Path) -> Check:
                  + (f"; skipped {skipped}"[:120] if skipped else ""))
 
 
+def probe_llm_onnxruntime(work: Path) -> Check:
+    """The LLM engine "onnxruntime" (runtime.llm_engines): a builtin:tiny prefill chunk through
+    the ONNX step graph against the torch step, then one decode step's time."""
+    import torch
+
+    from ..llm import load_model
+    from ..llm.engine_ort import OrtStep
+    try:
+        import onnx  # noqa: F401  - the step graph is built with it
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise NeedsPackage("the LLM engine 'onnxruntime' needs onnx and onnxruntime: "
+                           "pip install 'exec-capsules[onnx]'") from None
+    model, _ = load_model("builtin:tiny")
+    model.prepare_rope(64)
+    c = model.cfg
+    pool = torch.randn(4, c.num_layers, 2, 16, c.num_kv_heads, c.head_dim,
+                       generator=torch.Generator().manual_seed(0))
+    ids, pos, table = torch.arange(1, 9)[None], torch.arange(8)[None], torch.tensor([[1, 2]])
+    step = OrtStep(model, threads=1)
+    with torch.no_grad():
+        err = float((model(ids, pos, pos.view(-1) + 16, table, pool.clone())
+                     - step(ids, pos, pos.view(-1) + 16, table, pool)).abs().max())
+        one, at = ids[:, :1], torch.tensor([[8]])
+        step(one, at, at.view(-1) + 16, table, pool)                    # warm-up (its session)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            step(one, at, at.view(-1) + 16, table, pool)
+    ms = (time.perf_counter() - t0) / 20 * 1e3
+    return Check("llm onnxruntime", OK if err < 1e-4 else FAILED, "CPUExecutionProvider",
+                 f"builtin:tiny step max |diff| {err:.1e} vs torch, {ms:.2f} ms/decode step "
+                 "(runtime.llm_engines)")
+
+
 def default_probes() -> list[tuple[str, Probe]]:
-    """torch itself (it runs the LLM), then each registered policy engine's probe, then the policy path."""
+    """torch itself (it runs the LLM), each registered policy engine's probe, the policy path,
+    then the LLM engines besides torch."""
     engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
     return [("torch cpu", probe_torch_cpu), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
-            *engines, ("policy", probe_policy)]
+            *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime)]
 
 
 def run_checks(probes: Sequence[tuple[str, Probe]] | None = None, *, debug: bool = False) -> list[Check]:

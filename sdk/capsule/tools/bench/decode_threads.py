@@ -1,10 +1,13 @@
-"""The decode suite's CPU-threads line: prefill tokens/s and batch-1 decode ms/token at 1 and 2
-torch intra-op threads (``runtime={"threads": N}``), on CPU profiles only.
+"""The decode suite's CPU engines x threads table: prefill tokens/s and decode ms/token at batch
+1 and 4 for each LLM engine (``runtime={"llm_engines": [name]}``: torch, and onnxruntime when
+it is installed) at 1 and 2 intra-op threads (``runtime={"threads": N}``), on CPU profiles only.
 
-Why: on a small CPU that other processes share, the default thread count can be many times
-slower than one thread (the threads wait on each other at every operator). Each thread count is
-a fresh Session (the setting is read at open); the counts are interleaved rep by rep so drift
-and the neighbours' load fall on both alike. The load average at the start is recorded.
+Why threads: on a small CPU that other processes share, the default thread count can be many
+times slower than one thread (the threads wait on each other at every operator). Why engines:
+the same steps on the same pool through torch's eager operators or one ONNX Runtime graph. Each
+(engine, threads) cell is a fresh Session (both are read at open); the cells are interleaved
+rep by rep so drift and the neighbours' load fall on all alike; an untimed warm-up of the same
+shapes first (ORT builds its step sessions then). The load average at the start is recorded.
 """
 from __future__ import annotations
 
@@ -21,49 +24,71 @@ from . import BenchOptions
 from .timing import make_clock, percentile, progress, step_probe
 
 THREADS = (1, 2)
+ENGINES = ("torch", "onnxruntime")
+BATCH = 4
 PREFILL_TOKENS = 512
 STEPS, QUICK_STEPS = 32, 8
 REPS, QUICK_REPS = 3, 1
 Prompt = Callable[[Any, int, int], str]
 
 
-def _one(s: Session, rep: int, steps: int, prompt: Prompt) -> tuple[float, list[float]]:
-    """(prefill seconds of a fresh PREFILL_TOKENS prompt, batch-1 decode step seconds)."""
+def _one(s: Session, rep: int, steps: int, prompt: Prompt) -> tuple[float, list[float], list[float]]:
+    """(prefill seconds of a fresh PREFILL_TOKENS prompt, batch-1 decode step seconds, batch-4
+    decode step seconds over four such streams)."""
     clock = make_clock(torch.device("cpu"))
-    name = f"threads-{rep}"
-    s.append(prompt(s.tokenizer, PREFILL_TOKENS, seed=rep), stream=name)
+    names = [f"threads-{rep}-{i}" for i in range(BATCH)]
+    for i, name in enumerate(names):
+        s.append(prompt(s.tokenizer, PREFILL_TOKENS, seed=rep * BATCH + i), stream=name)
     t0 = clock()
-    s.generate(1, stream=name)
+    s.generate(1, stream=names[0])
     prefill = clock() - t0
     with step_probe(s.engine.runner, clock, None) as samples:
-        s.generate(steps + 1, stream=name)
-    s.drop_stream(name)
-    return prefill, [dt for n, dt in samples if n == 1]
+        s.generate(steps + 1, stream=names[0])
+    s.generate(1, stream=names[1:])                   # the other three prefilled, untimed
+    with step_probe(s.engine.runner, clock, None) as batched:
+        s.generate(steps + 1, stream=names)
+    for name in names:
+        s.drop_stream(name)
+    return prefill, [dt for n, dt in samples if n == 1], [dt for n, dt in batched if n == BATCH]
+
+
+def _engines() -> list[str]:
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return ["torch"]
+    return list(ENGINES)
 
 
 def measure(opts: BenchOptions, prompt: Prompt, show: bool = True) -> dict[str, Any]:
-    """One row per thread count; `cores` and `load_average` say what the machine offered."""
+    """One row per (engine, thread count); `cores` and `load_average` say what the machine
+    offered."""
     steps = QUICK_STEPS if opts.quick else STEPS
     reps = QUICK_REPS if opts.quick else REPS
     counts = [t for t in THREADS if t <= (os.cpu_count() or 1)]
+    cells = [(e, t) for e in _engines() for t in counts]
     before = torch.get_num_threads()   # the setting is process-wide: give it back afterwards
-    got: dict[int, dict[str, list[float]]] = {t: {"prefill": [], "steps": []} for t in counts}
-    bar = progress(len(counts) * (reps + 1), "threads", show, unit="rep")
+    got: dict[tuple[str, int], dict[str, list[float]]] = {
+        c: {"prefill": [], "steps": [], "batched": []} for c in cells}
+    bar = progress(len(cells) * (reps + 1), "engines x threads", show, unit="rep")
     try:
         with tempfile.TemporaryDirectory(prefix="capsule-bench-threads-") as tmp:
-            sessions = {t: Session.open(Path(tmp) / f"t{t}", model=opts.model, device="cpu",
-                                        runtime={"threads": t}) for t in counts}
+            sessions = {(e, t): Session.open(Path(tmp) / f"{e}-{t}", model=opts.model, device="cpu",
+                                             runtime={"threads": t, "llm_engines": [e]})
+                        for e, t in cells}
             try:
-                for t, s in sessions.items():    # untimed warm-up of the same shapes
+                for (e, t), s in sessions.items():    # untimed warm-up of the same shapes
                     torch.set_num_threads(t)
-                    _one(s, -1, 2, prompt)
+                    _one(s, -1, steps, prompt)
                     bar.update(1)
                 for r in range(reps):
-                    for t, s in sessions.items():
-                        torch.set_num_threads(t)  # sessions share the process: set per turn
-                        prefill, step = _one(s, r, steps, prompt)
-                        got[t]["prefill"].append(prefill)
-                        got[t]["steps"] += step
+                    for c, s in sessions.items():
+                        torch.set_num_threads(c[1])  # sessions share the process: set per turn
+                        prefill, step, batched = _one(s, r, steps, prompt)
+                        got[c]["prefill"].append(prefill)
+                        got[c]["steps"] += step
+                        got[c]["batched"] += batched
                         bar.update(1)
             finally:
                 for s in sessions.values():
@@ -71,15 +96,19 @@ def measure(opts: BenchOptions, prompt: Prompt, show: bool = True) -> dict[str, 
     finally:
         torch.set_num_threads(before)
         bar.close()
-    rows = [{"threads": t,
+
+    def p50_ms(v: list[float], per: int = 1) -> float | None:
+        return percentile(v, 50) * 1e3 / per if v else None
+    rows = [{"engine": e, "threads": t,
              "prefill_tokens": PREFILL_TOKENS,
              "prefill_tokens_per_s": PREFILL_TOKENS / statistics.median(g["prefill"]),
              # a trained model may end a reply early (EOS): fewer steps, or none, are timed then
              "decode_steps": len(g["steps"]),
-             "decode_ms_p50": percentile(g["steps"], 50) * 1e3 if g["steps"] else None,
+             "decode_ms_p50": p50_ms(g["steps"]),
              "decode_ms_p99": percentile(g["steps"], 99) * 1e3 if g["steps"] else None,
+             f"batch{BATCH}_ms_per_token_p50": p50_ms(g["batched"], BATCH),
              "decode_context": PREFILL_TOKENS}
-            for t, g in got.items()]
+            for (e, t), g in got.items()]
     return {"rows": rows, "cores": os.cpu_count(), "load_average_1m": _load(), "reps": reps,
             "steps": steps}
 
@@ -99,6 +128,6 @@ def report(opts: BenchOptions, results: dict[str, Any], tables: dict[str, list[d
         return
     results["threads"] = measure(opts, prompt, opts.progress)
     load = results["threads"]["load_average_1m"]
-    title = (f"CPU threads ({results['threads']['cores']} cores, load average "
+    title = (f"CPU engines x threads ({results['threads']['cores']} cores, load average "
              f"{'n/a' if load is None else f'{load:.2f}'} at the start)")
     tables[title] = results["threads"]["rows"]
