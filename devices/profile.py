@@ -57,6 +57,10 @@ class RuntimeDefaults:
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
     decode_attention: str = "torch"   # "torch" or "triton" (edge_kernels.paged_decode; needs Triton)
     llm_engines: tuple[str, ...] = ("torch",)   # LLM step engines, first that runs here wins
+    # host and GPU share one DRAM (Jetson): a full checkpoint (the first, or the one after a
+    # failed write) then streams its KV blocks into the store before returning, even with
+    # wait=False, instead of copying the whole pool to host bytes first (a second pool in DRAM)
+    unified_memory: bool = False
 
     def __post_init__(self) -> None:
         check_choice("runtime.dtype", self.dtype, DTYPES)
@@ -77,6 +81,7 @@ class RuntimeDefaults:
                       f"is not a multiple of runtime.block_size ({bs})")
         check_int("runtime.prefill_chunk", self.prefill_chunk, lo=1)
         check_bool("runtime.cuda_graphs", self.cuda_graphs)
+        check_bool("runtime.unified_memory", self.unified_memory)
         if self.kv_dtype is not None:
             check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
         check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)

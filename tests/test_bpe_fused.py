@@ -19,7 +19,7 @@ from edge_kernels import bpe_fused
 from edge_kernels.bpe import (merge_pieces, merge_rows, pack_pieces, table_from_merges,
                               table_from_ranks, unpack)
 from edge_kernels.bpe_fused import hash_table, merge_packed_fused, merge_rows_fused
-from test_tensor_bpe import CHARS, sequential_merges, sequential_ranks, toy_vocab
+from test_tensor_bpe import CHARS, random_ranks, sequential_merges, sequential_ranks, toy_vocab
 
 assert importlib.util.find_spec("triton") is not None, \
     "triton is not installed: pip install -e '.[test]' (the test extra lists it)"
@@ -55,12 +55,7 @@ def test_random_merge_tables_match_sequential_bpe(interpret, seed):
 @pytest.mark.parametrize("seed", range(2))
 def test_random_rank_tables_match_sequential_bpe(interpret, seed):
     rng = random.Random(100 + seed)
-    ranks = {bytes([b]): b for b in range(256)}
-    while len(ranks) < 256 + 80:
-        ranks.setdefault(bytes(rng.randrange(3) for _ in range(rng.randint(2, 5))), len(ranks))
-    shuffled = list(ranks)[256:]
-    rng.shuffle(shuffled)
-    ranks = {**{bytes([b]): b for b in range(256)}, **{t: 256 + i for i, t in enumerate(shuffled)}}
+    ranks = random_ranks(rng)
     table = table_from_ranks(ranks)
     pieces = [bytes(rng.randrange(3) for _ in range(rng.randint(1, 24))) for _ in range(120)]
     assert fused(pieces, table) == [sequential_ranks(p, ranks) for p in pieces]

@@ -77,18 +77,21 @@ def test_a_streamed_capture_stages_each_chunk_only_when_the_store_asks(monkeypat
         stream.take()
 
 
-def _full_checkpoint_peak(tmp_path, wait: bool) -> tuple[int, int]:
+def _full_checkpoint_peak(tmp_path, wait: bool, stream_full: bool = False) -> tuple[int, int]:
     pool = torch.randn(257, 2, 2, 16, 4, 64)                # 256 live blocks of 64 KiB: 16 MiB
     pool_bytes = (pool.shape[0] - 1) * pool[0].numel() * pool.element_size()
-    with Store.open(tmp_path / f"s{int(wait)}") as store:
+    with Store.open(tmp_path / f"s{int(wait)}{int(stream_full)}") as store:
         snap = Snapshotter(_registry(pool))
         binding = Binding.of(model="m", tokenizer="t", layout={}, dtype="float32", device_class="cpu")
         ck = Checkpointer(store, snap, binding,
-                          lambda: (set(), set(range(1, pool.shape[0]))), keep_epochs=4)
+                          lambda: (set(), set(range(1, pool.shape[0]))), keep_epochs=4,
+                          stream_full=stream_full)
         gc.collect()
         tracemalloc.start()
         try:
             ck.checkpoint(({}, {}), wait=wait, name=None)
+            if stream_full:
+                assert store.latest_epoch() == 1       # durable on return, whatever wait said
             if not wait:
                 _, peak = tracemalloc.get_traced_memory()   # the pages stay held until written
                 ck.flush()
@@ -112,3 +115,10 @@ def test_a_durable_full_checkpoint_holds_one_chunk_not_the_pool(tmp_path):
     # the segment writer's coalescing buffer and bookkeeping
     assert streamed < pool_bytes // 8, (streamed, pool_bytes)
     assert held >= pool_bytes, (held, pool_bytes)           # the background path's copy
+
+
+def test_unified_memory_streams_a_full_checkpoint_even_in_the_background(tmp_path):
+    # runtime.unified_memory (Jetson profiles): checkpoint(wait=False) of a full capture is
+    # written before it returns, streamed, instead of a host copy of the whole pool
+    streamed, pool_bytes = _full_checkpoint_peak(tmp_path, wait=False, stream_full=True)
+    assert streamed < pool_bytes // 8, (streamed, pool_bytes)

@@ -84,15 +84,20 @@ def test_random_merge_tables_match_sequential_bpe(seed):
     assert got == [sequential_merges(p, vocab, merges) for p in pieces]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_rank_tables_match_sequential_bpe(seed):
-    rng = random.Random(100 + seed)
+def random_ranks(rng: random.Random) -> dict[bytes, int]:
+    """The 256 bytes plus 80 random strings over 3 bytes, ranked in random order."""
     ranks = {bytes([b]): b for b in range(256)}
-    while len(ranks) < 256 + 80:   # random strings over 3 bytes, ranked in random order
+    while len(ranks) < 256 + 80:
         ranks.setdefault(bytes(rng.randrange(3) for _ in range(rng.randint(2, 5))), len(ranks))
     shuffled = list(ranks)[256:]
     rng.shuffle(shuffled)
-    ranks = {**{bytes([b]): b for b in range(256)}, **{t: 256 + i for i, t in enumerate(shuffled)}}
+    return {**{bytes([b]): b for b in range(256)}, **{t: 256 + i for i, t in enumerate(shuffled)}}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rank_tables_match_sequential_bpe(seed):
+    rng = random.Random(100 + seed)
+    ranks = random_ranks(rng)
     table = table_from_ranks(ranks)
     pieces = [bytes(rng.randrange(3) for _ in range(rng.randint(1, 30))) for _ in range(400)]
     assert merge_pieces(pieces, table) == [sequential_ranks(p, ranks) for p in pieces]

@@ -91,7 +91,8 @@ def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokeni
     try:
         mem = None if llm is None else Memory(store, llm.engine.runner.model, llm.tokenizer,
                                               mem_config, binding.model)
-        checkpointer = build_checkpointer(store, llm, binding, registry, keep)
+        checkpointer = build_checkpointer(store, llm, binding, registry, keep,
+                                          unified_memory=profile.runtime.unified_memory)
     except BaseException:
         store.close()
         raise
@@ -233,7 +234,8 @@ def _model_label(info: ModelInfo) -> str:
 
 
 def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
-                       registry: RegionRegistry, keep_epochs: int) -> Checkpointer:
+                       registry: RegionRegistry, keep_epochs: int,
+                       unified_memory: bool = False) -> Checkpointer:
     pool = llm.engine.pool if llm else None
 
     def kv_state() -> tuple[set[int], set[int]]:
@@ -245,7 +247,8 @@ def build_checkpointer(store: Store, llm: LLMParts | None, binding: Binding,
     # what this session could ever hold: a manifest claiming more is refused before allocating
     limits = Limits(max_context=llm.engine.runner.max_context if llm else 0,
                     max_blocks=llm.engine.runner.max_blocks if llm else 0)
-    return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs, limits=limits)
+    return Checkpointer(store, Snapshotter(registry), binding, kv_state, keep_epochs=keep_epochs,
+                        limits=limits, stream_full=unified_memory)
 
 
 def check_app_state(value: object) -> dict:

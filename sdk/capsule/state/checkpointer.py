@@ -55,7 +55,7 @@ class Checkpointer:
 
     def __init__(self, store: "Store", snapshotter: Snapshotter, binding: Binding,
                  kv_state: Callable[[], tuple[set[int], set[int]]], *, keep_epochs: int,
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, stream_full: bool = False):
         self.store = store
         self.limits = limits or Limits()
         self.keep_epochs = keep_epochs
@@ -69,10 +69,14 @@ class Checkpointer:
         self._base: int | None = None
         self._since_compact = 0
         self.last_bytes = 0
+        # runtime.unified_memory: a full capture is written before checkpoint returns, even
+        # with wait=False (streamed: no host copy of the whole pool on a shared-DRAM device)
+        self.stream_full = stream_full
 
     # -- write --------------------------------------------------------------------------------
     def checkpoint(self, host: HostState, *, wait: bool, name: str | None) -> int:
         meta, blobs = host
+        wait = wait or (self.stream_full and self.snap.full)
         if name is not None:
             self._check_name(name)
         epoch = self._next_epoch
