@@ -84,10 +84,6 @@ def hash_table(table: MergeTable) -> HashedTable:
     return HashedTable(k.to(dev), v.to(dev), table.stride, shift, mask, probe)
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _kernel() -> Callable[..., Any]:
     try:
         from .bpe_fused_kernel import bpe_merge_kernel
@@ -119,7 +115,7 @@ def merge_rows_fused(ids: torch.Tensor, table: MergeTable, hashed: HashedTable) 
         rows = max(1, TILE // block)
     else:
         rows = max(1, min(INTERPRETER_TILE // block, 1 << (B - 1).bit_length()))
-    _kernel()[(triton_cdiv(B, rows),)](
+    _kernel()[(-(-B // rows),)](                 # ceil(B / rows) programs
         src, out, hashed.keys, hashed.values, B, L, hashed.stride, MUL_L, MUL_R,
         hashed.shift, hashed.mask, NO_RANK=NO_RANK, ROWS=rows, LOG=block.bit_length(), BLOCK=block,
         num_warps=max(1, min(8, rows * block // 256)))

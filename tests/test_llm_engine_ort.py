@@ -147,3 +147,15 @@ def test_refusals_say_what_to_fix(hf_model):
     with pytest.raises(ValueError, match="contiguous fp32 pool"):
         step.forward(torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([16]),
                      torch.tensor([[1]]), pool)
+
+
+def test_without_onnx_the_engine_is_unavailable_at_construction(hf_model, monkeypatch):
+    # the graph is built with onnx on the first step: a missing onnx must make the engine
+    # unavailable when it is picked (so runtime.llm_engines falls back), not fail mid-generate
+    import sys
+
+    from capsule.llm.engines import select_llm_engine
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(EngineUnavailable, match="needs onnx and onnxruntime"):
+        OrtStep(hf_model)
+    assert select_llm_engine(hf_model, ["onnxruntime", "torch"]) is None

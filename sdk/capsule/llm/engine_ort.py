@@ -25,6 +25,17 @@ from .onnx_step import INPUTS, OUTPUTS, StepShape, build_step, step_bias
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
 
 
+def missing_packages() -> str | None:
+    """Why this engine cannot be built here (onnx or onnxruntime not importable), or None."""
+    try:
+        import onnx  # noqa: F401  - builds the step graph
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        return (f"the LLM engine 'onnxruntime' needs onnx and onnxruntime ({exc}): "
+                "pip install 'exec-capsules[onnx]'")
+    return None
+
+
 class OrtStep:
     """ONNX Runtime steps of ``model`` over pools of its layout (CPU execution provider).
 
@@ -36,11 +47,10 @@ class OrtStep:
     name = "onnxruntime"
 
     def __init__(self, model: Any, *, threads: int | None = None) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise EngineUnavailable("the onnxruntime LLM engine needs onnxruntime and onnx: "
-                                    "pip install 'exec-capsules[onnx]'") from exc
+        why = missing_packages()
+        if why is not None:   # onnx too: the step graph is built with it on the first call
+            raise EngineUnavailable(why)
+        import onnxruntime as ort
         if model.dtype != torch.float32 or model.device.type != "cpu":
             raise EngineUnavailable(f"the onnxruntime LLM engine runs fp32 models on CPU; this one "
                                     f"is {model.dtype} on {model.device}")

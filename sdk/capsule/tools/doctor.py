@@ -176,13 +176,10 @@ def probe_llm_onnxruntime(work: Path) -> Check:
     import torch
 
     from ..llm import load_model
-    from ..llm.engine_ort import OrtStep
-    try:
-        import onnx  # noqa: F401  - the step graph is built with it
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        raise NeedsPackage("the LLM engine 'onnxruntime' needs onnx and onnxruntime: "
-                           "pip install 'exec-capsules[onnx]'") from None
+    from ..llm.engine_ort import OrtStep, missing_packages
+    why = missing_packages()
+    if why is not None:
+        raise NeedsPackage(why)
     model, _ = load_model("builtin:tiny")
     model.prepare_rope(64)
     c = model.cfg

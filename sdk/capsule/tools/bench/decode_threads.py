@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ...llm.engine_ort import missing_packages
 from ...session import Session
 from . import BenchOptions
 from .timing import make_clock, percentile, progress, step_probe
@@ -53,12 +54,7 @@ def _one(s: Session, rep: int, steps: int, prompt: Prompt) -> tuple[float, list[
 
 
 def _engines() -> list[str]:
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return ["torch"]
-    return list(ENGINES)
+    return list(ENGINES) if missing_packages() is None else ["torch"]
 
 
 def measure(opts: BenchOptions, prompt: Prompt, show: bool = True) -> dict[str, Any]:
