@@ -38,7 +38,7 @@ REMOVED = {
 BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
 DECODE_ATTENTION = ("torch", "triton")   # runtime.decode_attention (capsule.llm.model uses it)
-LLM_ENGINES = ("torch", "onnxruntime")   # runtime.llm_engines (capsule.assembly selects)
+LLM_ENGINES = ("torch", "onnxruntime", "tensorrt")   # runtime.llm_engines (capsule.assembly selects)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 

@@ -304,7 +304,7 @@ def test_no_engine_lists_each_reason(tmp_path):
 
 
 def test_tensorrt_plan_key_covers_every_field():
-    from capsule.policy.engine_trt import plan_key
+    from capsule.trt_plan import plan_key
 
     args = ("10.3.0", (8, 7), "Orin", "fp32", {"observation.state": [1, 14]}, "d" * 64)
     keys = {plan_key(*args)}

@@ -19,7 +19,7 @@ import devices
 from .errors import StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
-from .llm.engines import select_llm_engine
+from .llm.engines import EngineOptions, select_llm_engine
 from .llm.streams import export_streams, import_streams
 from .memory.config import MemoryConfig
 from .memory.facts import Memory
@@ -158,7 +158,8 @@ def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
                          use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda",
-                         step=select_llm_engine(decoder, rt.llm_engines, threads=rt.threads))
+                         step=select_llm_engine(decoder, rt.llm_engines,
+                                                EngineOptions(rt.threads, info.weights_digest)))
     return LLMParts(Engine(runner, pool, tok, context_policy=rt.context_policy), tok, info)
 
 

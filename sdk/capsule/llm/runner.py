@@ -28,6 +28,9 @@ class StepEngine(Protocol):
     """Runs one step with ``Decoder.forward``'s contract on the same pool, in place: K/V of the
     new tokens written to their slots, the final normed hidden states (B, T, D) returned."""
     name: str   # runtime.llm_engines name: "onnxruntime", ...
+    # True: torch may capture a CUDA graph around a call (TensorRT's enqueue); False: the engine
+    # does not allow it (ORT runs its own graph), so the runner replays no torch graph
+    capturable: bool
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                  block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
@@ -61,6 +64,7 @@ class GraphRunner:
         # what runs a step: the model itself (torch) or an engine with its forward's contract
         self.step: StepEngine | Decoder = step if step is not None else model
         self.engine_name = "torch" if step is None else step.name
+        capturable = step is None or step.capturable
         self.buckets = tuple(buckets)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
@@ -99,7 +103,7 @@ class GraphRunner:
             registry.register(name, buf, role)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_seconds: dict[int, float] = {}
-        if use_cuda_graphs:
+        if use_cuda_graphs and capturable:
             self._capture_all()
 
     @property

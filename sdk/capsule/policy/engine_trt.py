@@ -2,9 +2,9 @@
 
 `tensorrt` is imported lazily, so this module imports anywhere; without a CUDA device or
 without the package the constructor raises EngineUnavailable and selection moves on.
-The plan (serialized engine bytes, not pickle) is built once from the ONNX file and cached
-under cache_dir()/policy/trt, keyed by TensorRT version, GPU compute capability and name,
-precision, input shapes and the model digest. Tensor addresses are set once
+The plan is built once from the ONNX file and cached under cache_dir()/policy/trt
+(``capsule.trt_plan``: keyed by TensorRT version, GPU, precision, input shapes and the model
+digest). Tensor addresses are set once
 (set_tensor_address) to the static buffers; `hidden_out` goes to a static twin that is
 copied into buffers.hidden inside the same graph. The step (execute_async_v3 + that copy) is
 captured into a CUDA graph; a step is one replay on torch's current stream (the policy's own,
@@ -13,8 +13,6 @@ the runner serializes calls. probe_tensorrt is this engine's doctor probe.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,24 +22,15 @@ import torch
 
 from ..cudagraph import capture_graph
 from ..errors import EngineUnavailable
-from ..paths import cache_dir, write_private
+from ..paths import cache_dir
+from ..trt_plan import build_plan, cached_plan, plan_key, trt_major
 from .buffers import PolicyBuffers, torch_dtype
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
 from .source import PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
 
 PRECISIONS = ("fp32", "fp16")
-PLAN_RECIPE = 1  # bump when build_plan changes what it builds (flags, profiles)
 log = logging.getLogger("capsule.policy")
-
-
-def plan_key(trt_version: str, capability: tuple[int, int], gpu: str, precision: str,
-             shapes: dict[str, list[int]], digest: str) -> str:
-    """Cache key of a built plan: it is only valid for exactly these."""
-    blob = json.dumps({"recipe": PLAN_RECIPE, "trt": trt_version, "gpu": gpu,
-                       "sm": f"{capability[0]}{capability[1]}", "precision": precision,
-                       "shapes": shapes, "digest": digest}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class TensorRTEngine:
@@ -100,13 +89,8 @@ class TensorRTEngine:
         cap = torch.cuda.get_device_capability(dev)
         key = plan_key(trt.__version__, cap, torch.cuda.get_device_name(dev), precision, shapes,
                        source.spec.digest)
-        path = cache_dir() / "policy" / "trt" / f"{key[:32]}.plan"
-        if path.is_file():
-            return path.read_bytes()
-        plan = build_plan(trt, logger, source.onnx_path(), precision)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_private(path, plan)
-        return plan
+        return cached_plan(cache_dir() / "policy" / "trt" / f"{key[:32]}.plan",
+                           lambda: build_plan(trt, logger, source.onnx_path(), precision))
 
     def _enqueue(self) -> None:
         stream = torch.cuda.current_stream(self.buffers.device)
@@ -135,46 +119,13 @@ class TensorRTEngine:
                 self._enqueue()
 
 
-def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:
-    """Parse the ONNX file and build a serialized engine; batch dims pinned to 1."""
-    builder = trt.Builder(logger)
-    major = int(trt.__version__.split(".")[0])
-    # TensorRT 10 networks are always explicit-batch; 8.x needs the flag
-    flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise EngineUnavailable(f"TensorRT's ONNX parser rejected {onnx_path.name}: {errors}")
-    config = builder.create_builder_config()
-    if precision == "fp16":
-        if not hasattr(trt.BuilderFlag, "FP16"):  # TensorRT 11: strongly typed networks only
-            raise EngineUnavailable(f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (networks are "
-                                    "strongly typed): export the policy in fp16 or use precision='fp32'")
-        config.set_flag(trt.BuilderFlag.FP16)
-    elif hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)  # fp32 means fp32: match torch/ORT to ~1e-6
-    inputs = [network.get_input(i) for i in range(network.num_inputs)]
-    if any(-1 in tuple(inp.shape) for inp in inputs):  # a symbolic batch dim: one profile at 1
-        profile = builder.create_optimization_profile()
-        for inp in inputs:
-            shape = (1, *tuple(inp.shape)[1:])
-            profile.set_shape(inp.name, shape, shape, shape)
-        config.add_optimization_profile(profile)
-    blob = builder.build_serialized_network(network, config)
-    if blob is None:
-        raise EngineUnavailable("TensorRT engine build returned nothing (set the logger to VERBOSE to see why)")
-    return bytes(blob)
-
-
 # -- doctor probe: an engine built for the probe Linear, run on the GPU -----------------------
 
 def _trt_run(trt: Any, path: Path, x: np.ndarray, want: np.ndarray) -> np.ndarray:
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)
-    major = int(trt.__version__.split(".")[0])
     # TensorRT 10 networks are always explicit-batch; 8.x needs the flag
-    flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    flags = 0 if trt_major(trt) >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(path.read_bytes()):
