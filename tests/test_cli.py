@@ -75,6 +75,7 @@ def test_doctor_reports_torch_cpu_ok_without_onnxruntime(monkeypatch, capsys):
     assert re.search(r"^onnxruntime\s+MISSING\s+-\s+not importable", out, re.M), out
     assert re.search(r"^tensorrt\s+MISSING", out, re.M), out
     assert re.search(r"^llm onnxruntime\s+MISSING\s+-\s+the LLM engine 'onnxruntime' needs", out, re.M), out
+    assert re.search(r"^llm tensorrt\s+MISSING\s+-\s+(the tensorrt LLM engine needs a CUDA model|tensorrt is not importable)", out, re.M), out
 
 
 def test_doctor_checks_the_onnxruntime_llm_engine_against_torch():

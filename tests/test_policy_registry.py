@@ -101,7 +101,7 @@ def test_a_new_engine_is_one_registry_entry(monkeypatch):
     assert not runner.step(OBS).any()
     probes = default_probes()
     # the policy engines' probes come before the policy path, the LLM engines' after it
-    assert ("fake", probe) in probes and [n for n, _ in probes][-2:] == ["policy", "llm onnxruntime"]
+    assert ("fake", probe) in probes and [n for n, _ in probes][-3:] == ["policy", "llm onnxruntime", "llm tensorrt"]
     assert run_checks([p for p in probes if p[0] == "fake"]) == [Check("fake", OK, "1.0", "ran a tiny inference")]
 
 
@@ -125,7 +125,7 @@ def test_a_broken_engine_becomes_a_skip_reason(monkeypatch):
 def test_the_doctor_runs_every_registered_probe():
     names = [n for n, _ in default_probes()]
     with_probe = [e.name for e in registry.ENTRIES if e.probe is not None]
-    assert names == ["torch cpu", "torch cuda", "cuda graphs", *with_probe, "policy", "llm onnxruntime"]
+    assert names == ["torch cpu", "torch cuda", "cuda graphs", *with_probe, "policy", "llm onnxruntime", "llm tensorrt"]
     assert with_probe == ["tensorrt", "onnxruntime"]   # torch: doctor's own torch probes
 
 

@@ -201,12 +201,45 @@ def probe_llm_onnxruntime(work: Path) -> Check:
                  "(runtime.llm_engines)")
 
 
+def probe_llm_tensorrt(work: Path) -> Check:
+    """The LLM engine "tensorrt" (runtime.llm_engines): a builtin:tiny decode step through a
+    TensorRT engine against the torch step on the GPU, then its time."""
+    import torch
+
+    from ..llm import load_model
+    from ..llm.engine_trt import TrtStep, tensorrt_or_why
+    cuda = torch.device("cuda")
+    trt, why = tensorrt_or_why(cuda)
+    if why is not None:
+        return Check("llm tensorrt", MISSING, "-" if trt is None else trt.__version__, why)
+    model, _ = load_model("builtin:tiny", device=cuda)
+    model.prepare_rope(64)
+    c = model.cfg
+    pool = torch.randn(4, c.num_layers, 2, 16, c.num_kv_heads, c.head_dim, device=cuda,
+                       generator=torch.Generator(cuda).manual_seed(0))
+    one, at, table = torch.tensor([[3]], device=cuda), torch.tensor([[20]], device=cuda), torch.tensor([[1, 2]], device=cuda)
+    step = TrtStep(model)
+    with torch.no_grad():
+        err = float((model(one, at, at.view(-1) + 16, table, pool.clone())
+                     - step(one, at, at.view(-1) + 16, table, pool)).abs().max())
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            step(one, at, at.view(-1) + 16, table, pool)
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) / 20 * 1e3
+    return Check("llm tensorrt", OK if err < 1e-4 else FAILED, trt.__version__,
+                 f"builtin:tiny decode step max |diff| {err:.1e} vs torch, {ms:.2f} ms/step "
+                 "(runtime.llm_engines)")
+
+
 def default_probes() -> list[tuple[str, Probe]]:
     """torch itself (it runs the LLM), each registered policy engine's probe, the policy path,
     then the LLM engines besides torch."""
     engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
     return [("torch cpu", probe_torch_cpu), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
-            *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime)]
+            *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime),
+            ("llm tensorrt", probe_llm_tensorrt)]
 
 
 def run_checks(probes: Sequence[tuple[str, Probe]] | None = None, *, debug: bool = False) -> list[Check]:

@@ -23,12 +23,13 @@ TOTAL_BUDGET_S = 300
 
 STEPS: tuple[Step, ...] = (
     Step("env", "env", 15, "python, torch, CUDA, GPU, ONNX Runtime providers, triton / cupy, project packages"),
-    Step("pytest_cuda", "pytest_cuda", 80, "pytest -m cuda over the test files that mark CUDA tests: counts"),
-    Step("llm_graphs", "llm_graphs", 60, "builtin:small decode, CUDA graphs vs eager, fp16 and fp32"),
-    Step("restore", "restore", 35, "checkpoint, in-place rollback (same buffers, no re-capture), fresh open"),
+    Step("pytest_cuda", "pytest_cuda", 70, "pytest -m cuda over the test files that mark CUDA tests: counts"),
+    Step("llm_graphs", "llm_graphs", 50, "builtin:small decode, CUDA graphs vs eager, fp16 and fp32"),
+    Step("restore", "restore", 30, "checkpoint, in-place rollback (same buffers, no re-capture), fresh open"),
     Step("policy_engines", "policy_engines", 35, "every policy engine vs the CPU torch reference: error, p50/p99"),
     Step("act_while_chat", "act_while_chat", 30, "Session.act p50/p99 while a chat thread generates"),
-    Step("tensor_bpe", "tensor_bpe", 45, "tensor BPE merges on 1M characters, exact vs the reference"),
+    Step("tensor_bpe", "tensor_bpe", 40, "tensor BPE merges on 1M characters, exact vs the reference"),
+    Step("llm_engines", "llm_engines", 30, "each LLM engine (onnxruntime, tensorrt) vs the torch step: logits, ids, ms/step"),
 )
 
 assert sum(s.timeout_s for s in STEPS) <= TOTAL_BUDGET_S, "the GPU check's step timeouts exceed its budget"
