@@ -99,6 +99,8 @@ def test_batched_rows_of_every_checkpoint_kind_equal_torch(hf_model):
     assert torch.allclose(pool_o[1:], pool_t[1:], atol=TOL, rtol=0)
     assert not torch.equal(pool_o[0], pool_t[0])
     assert int(pos.max()) <= nb * BS
+    # the prefill chunk read only the blocks before its first position (40: 3 blocks)
+    assert StepShape(B, 8, 3, B * nb + 1, BS) in step.shapes
 
 
 def test_memory_region_holes_are_never_attended(hf_model):

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import EngineUnavailable
 from .onnx_step import INPUTS, OUTPUTS, StepShape, build_step
-from .step_io import StepBuffers, bucket_shape
+from .step_io import StepBuffers, bucket_shape, past_tables
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -139,6 +139,8 @@ class OrtStep:
         if block_pos is not None or segments is not None:
             return self.model(input_ids, positions, slot_mapping, block_tables, kv_pool,
                               slot_valid=slot_valid, block_pos=block_pos, segments=segments)
+        if input_ids.shape[1] > 1:    # a prefill chunk: only the blocks before it are read
+            block_tables = past_tables(positions, block_tables, kv_pool.shape[3])
         sess, io, bufs = self._binding(bucket_shape(input_ids, block_tables, kv_pool), kv_pool)
         bufs.load(input_ids, positions, slot_mapping, block_tables, slot_valid)
         sess.run_with_iobinding(io)

@@ -3,7 +3,8 @@
 An engine (ONNX Runtime, TensorRT) binds a shape's buffers once: their addresses never change,
 so a binding is made once per shape and a captured CUDA graph (ORT's, or torch's around a
 TensorRT enqueue) replays over them. A call copies its inputs into the buffers and pads them up
-to the shape: T and the block-table width are rounded up to a power of two, padding tokens
+to the shape: T is rounded up to a power of two and the block-table width to one of four
+widths per power of two (``table_bucket``), padding tokens
 write to slots of the scratch block and are never attended, padding blocks are the scratch
 block and lie past every query's position. Nothing here reads a device value back to the host.
 """
@@ -22,10 +23,30 @@ def pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def table_bucket(nb: int) -> int:
+    """nb rounded up to one of four widths per power of two (1..8, 10, 12, 14, 16, 20, ...):
+    attention cost follows the width, so at most 25 % of it is padding (a power of two made a
+    decode at 33 blocks attend 64), for about four sessions per doubling of the context."""
+    step = max(1, pow2(nb) // 8)
+    return -(-nb // step) * step
+
+
 def bucket_shape(input_ids: torch.Tensor, block_tables: torch.Tensor, kv_pool: torch.Tensor) -> StepShape:
     """The step shape a call of (B, T) tokens over (B, nb) block tables runs as."""
     B, T = input_ids.shape
-    return StepShape(B, pow2(T), pow2(block_tables.shape[1]), kv_pool.shape[0], kv_pool.shape[3])
+    return StepShape(B, pow2(T), table_bucket(block_tables.shape[1]), kv_pool.shape[0], kv_pool.shape[3])
+
+
+def past_tables(positions: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A prefill chunk's block tables cut to the blocks before its first position (at least one).
+
+    The graph attends the chunk's own tokens from their new keys, and a query reads past slot
+    s only when s < positions[b, 0] (``step_bias``): the blocks from there on are masked, so
+    gathering them is wasted work (half a 512-token prefill's attention, in 256-token chunks).
+    Reads positions[:, 0] on the host: prefill only (a decode step keeps its full table)."""
+    first = int(positions[:, 0].max())
+    keep = max(1, -(-first // block_size))
+    return block_tables[:, :keep] if keep < block_tables.shape[1] else block_tables
 
 
 @dataclass
