@@ -39,8 +39,9 @@ def test_the_exported_file_runs_as_the_torch_step(tiny, tmp_path):
     shape = StepShape(2, 1, 4, 9, BS)
     path = export_step(tiny, shape, weights_digest="d1", root=tmp_path)
     folder = path.parent
-    assert sorted(p.name for p in folder.iterdir()) == ["step.onnx", "weights.bin"]
+    assert sorted(p.name for p in folder.iterdir()) == [path.name, "weights.bin"]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in folder.iterdir())
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     onnx.checker.check_model(str(path))                 # weights as external initializers, valid
     proto = onnx.load(str(path), load_external_data=False)
     assert [i.name for i in proto.graph.input] == ["input_ids", "positions", "slot_mapping",
@@ -65,14 +66,21 @@ def test_the_exported_file_runs_as_the_torch_step(tiny, tmp_path):
 def test_the_export_is_cached_by_everything_it_depends_on(tiny, tmp_path):
     shape = StepShape(1, 1, 2, 3, BS)
     path = export_step(tiny, shape, weights_digest="d1", root=tmp_path)
-    mtime = path.stat().st_mtime_ns
+    weights = path.parent / "weights.bin"
+    mtimes = path.stat().st_mtime_ns, weights.stat().st_mtime_ns
     assert export_step(tiny, shape, weights_digest="d1", root=tmp_path) == path   # found, not rewritten
-    assert path.stat().st_mtime_ns == mtime
+    assert (path.stat().st_mtime_ns, weights.stat().st_mtime_ns) == mtimes
+    # another shape of the same model: its own small graph, the same weights file
+    other = export_step(tiny, StepShape(2, 1, 2, 3, BS), weights_digest="d1", root=tmp_path)
+    assert other.parent == path.parent and other != path and weights.stat().st_mtime_ns == mtimes[1]
+    weights.write_bytes(weights.read_bytes()[:-1])                 # a torn weights file is rebuilt
+    export_step(tiny, shape, weights_digest="d1", root=tmp_path)
+    assert weights.stat().st_size % 4 == 0 and weights.stat().st_mtime_ns != mtimes[1]
     others = {export_key(tiny, shape, "d2", "rows"), export_key(tiny, shape, "d1", "pool"),
               export_key(tiny, StepShape(2, 1, 2, 3, BS), "d1", "rows")}
     assert export_key(tiny, shape, "d1", "rows") not in others and len(others) == 3
     assert export_step(tiny, shape, weights_digest="d2", root=tmp_path).parent != path.parent
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no half-built folder left
+    assert not [p for p in tmp_path.rglob(".*")]                   # no half-written file left
 
 
 def test_the_weights_digest_follows_the_weights(tiny):
