@@ -20,6 +20,7 @@ LLM lock (as Decoder.forward is). ``onnxruntime`` is imported lazily.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,6 +32,7 @@ from .step_io import StepBuffers, bucket_shape, past_tables
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
 CUDA_PROVIDER = "CUDAExecutionProvider"
+log = logging.getLogger("capsule")
 
 
 def missing_packages() -> str | None:
@@ -97,7 +99,15 @@ class OrtStep:
         # sampler, a memory-region prefill, the policy) need. Measured at 2 threads on
         # builtin:small: torch prefill 46 ms with ORT not spinning, 102 ms with it spinning
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = self._ort.InferenceSession(blob, so, providers=self._providers())
+        try:
+            sess = self._ort.InferenceSession(blob, so, providers=self._providers())
+        except Exception as exc:   # noqa: BLE001 - ORT raises its own untyped errors
+            if not self.cuda_graph:
+                raise EngineUnavailable(f"onnxruntime could not load the LLM step graph: {exc}") from None
+            # ORT's CUDA graph needs every node on the CUDA provider; run without it
+            log.warning("onnxruntime: no CUDA graph for the LLM step (%s); running without", exc)
+            self.cuda_graph = False
+            sess = self._ort.InferenceSession(blob, so, providers=self._providers())
         names_in = [i.name for i in sess.get_inputs()]
         names_out = [o.name for o in sess.get_outputs()]
         if names_in != [*INPUTS, *weights] or names_out != list(OUTPUTS):
