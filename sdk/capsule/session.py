@@ -126,7 +126,8 @@ class Session:
     def generate(self, max_new_tokens: int, *, stream: str | Sequence[str] = "main",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  stop: str | Sequence[str] | None = None, memory_k: int = 0,
-                 on_token: Callable[[str, str], None] | None = None) -> str | dict[str, str]:
+                 on_token: Callable[[str, str], None] | None = None,
+                 choices: Sequence[str] | None = None) -> str | dict[str, str]:
         """Generate up to max_new_tokens and return the new text (without a stop string or EOS).
 
         Greedy when temperature is 0. `seed` reseeds the stream's generator; without it a
@@ -141,11 +142,14 @@ class Session:
         on_token(stream, piece): called in the decode loop with each reply as it grows; the pieces
         join to the reply. Keep it quick; it must not call the Session (ValueError: the lock is
         held). If it raises, decoding stops and the error propagates (the stream stays consistent).
+        choices: the reply is exactly one of these strings (constrained decoding, one stream):
+        e.g. ``s.generate(8, choices=[" reach", " open", " home"])`` after "next skill:".
         """
-        names, params, stops = generate_args(max_new_tokens, stream, temperature, top_p, seed, stop,
-                                             memory_k, on_token)
+        names, params, stops, options = generate_args(max_new_tokens, stream, temperature, top_p, seed,
+                                                      stop, memory_k, on_token, choices)
         with self._gate.llm_section():
-            replies = self._llm().generate(names, max_new_tokens, params, seed, stops, memory_k, on_token)
+            replies = self._llm().generate(names, max_new_tokens, params, seed, stops, memory_k, on_token,
+                                           options)
         return replies[names[0]] if isinstance(stream, str) else replies
 
     def tokens(self, stream: str = "main") -> list[int]:

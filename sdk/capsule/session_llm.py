@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 from .assembly import LLMParts
 from .llm import ModelInfo, SamplingParams
 from .llm.chat_template import ChatState, ChatTemplate, next_turn, template_variables
+from .llm.choices import check_choices
 from .llm.engine import Engine
 from .llm.replies import OnToken
 from .llm.streams import check_stream_name
@@ -72,7 +73,7 @@ class LLMPart:
 
     def generate(self, names: list[str], max_new_tokens: int, params: SamplingParams,
                  seed: int | None, stops: list[str], memory_k: int,
-                 on_token: OnToken | None = None) -> dict[str, str]:
+                 on_token: OnToken | None = None, choices: list[str] | None = None) -> dict[str, str]:
         """Every stream's reply; more streams than the largest batch bucket decode in groups.
         A chat stream's reply joins its conversation (its open assistant message)."""
         streams = [self.engine.stream(n) for n in names]   # unknown streams fail before any memory work
@@ -85,7 +86,7 @@ class LLMPart:
         try:
             for i in range(0, len(names), bucket_max):
                 replies.update(self.engine.generate(names[i:i + bucket_max], max_new_tokens, params,
-                                                    seed, stops, callback))
+                                                    seed, stops, callback, choices))
         finally:
             for s in streams:
                 if s.chat is None or (s.name not in replies and s.n_chars == before[s.name]):
@@ -136,10 +137,10 @@ def guarded(llm: LLMPart | None, *fns: Callable[..., T]) -> list[Callable[..., T
 
 
 def generate_args(max_new_tokens: object, stream: object, temperature: float, top_p: float,
-                  seed: object, stop: object, memory_k: object, on_token: object = None
-                  ) -> tuple[list[str], SamplingParams, list[str]]:
+                  seed: object, stop: object, memory_k: object, on_token: object = None,
+                  choices: object = None) -> tuple[list[str], SamplingParams, list[str], list[str] | None]:
     """Session.generate's arguments checked (ValueError saying what to fix): the stream names,
-    the sampling parameters and the stop strings."""
+    the sampling parameters, the stop strings and the choices."""
     if isinstance(memory_k, bool) or not isinstance(memory_k, int) or memory_k < 0:
         raise ValueError(f"memory_k must be an int >= 0, got {memory_k!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -157,4 +158,9 @@ def generate_args(max_new_tokens: object, stream: object, temperature: float, to
     stops = [stop] if isinstance(stop, str) else list(stop or ())   # type: ignore[arg-type]
     if any(not isinstance(x, str) or not x for x in stops):
         raise ValueError(f"stop must be a non-empty str or a list of them, got {stop!r}")
-    return names, params, stops
+    if choices is None:
+        return names, params, stops, None
+    if len(names) != 1 or stops:
+        raise ValueError("choices constrain one stream's reply and end it themselves: give one "
+                         f"stream and no stop (got streams {names}, stop {stops})")
+    return names, params, stops, check_choices(choices)

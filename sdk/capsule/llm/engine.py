@@ -23,6 +23,7 @@ from edge_kernels.rope import check_reinjectable
 from ..errors import ContextFull, UnknownStream
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from ..tokenize.splice import common
+from .choices import Choices
 from .context_shift import ShiftPlan, apply_shift, check_policy, folded_text, full_error, plan_shift
 from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
@@ -203,13 +204,23 @@ class Engine:
                  s.name, plan.dropped, plan.dropped_chars, plan.n_ids, plan.moved)
 
     def generate(self, names: Sequence[str], max_new_tokens: int, params: SamplingParams,
-                 seed: int | None, stop: Sequence[str], on_token: OnToken | None = None) -> dict[str, str]:
+                 seed: int | None, stop: Sequence[str], on_token: OnToken | None = None,
+                 choices: Sequence[str] | None = None) -> dict[str, str]:
         """Generate up to max_new_tokens for each stream, decoding all of them in one batch per step.
 
         on_token(name, piece), called on this thread as the replies grow: each stream's pieces,
         in order, join to exactly its returned reply (see ReplyPieces). If it raises, decoding stops,
         the streams keep what was generated (ids and text together) and the error propagates.
+        choices: the reply is exactly one of them (one stream only; see llm/choices.py).
         """
+        trie = None
+        if choices is not None:
+            trie = Choices(self.tokenizer, choices)
+            if len(names) != 1:
+                raise ValueError(f"choices constrain one stream's reply, got streams {list(names)}")
+            if trie.max_tokens > max_new_tokens:
+                raise ValueError(f"the longest choice is {trie.max_tokens} tokens; max_new_tokens "
+                                 f"{max_new_tokens} cannot spell it (raise it)")
         streams = [self.stream(n) for n in names]
         shifts = []
         for s in streams:  # validate (and plan every shift) before touching any generator
@@ -230,7 +241,8 @@ class Engine:
         texts: dict[str, str] = {}
         pieces = ReplyPieces(on_token, stop) if on_token is not None else None
         try:
-            self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop], eos, pieces)
+            self._generate_loop(streams, out, max_new_tokens, params, [x.encode() for x in stop], eos,
+                                pieces, trie)
         finally:
             # ids and text move together even when a step fails midway; the generated text
             # reaches the incremental tokenizer with the next append
@@ -248,10 +260,13 @@ class Engine:
 
     def _generate_loop(self, streams: list[Stream], out: dict[str, bytearray], max_new_tokens: int,
                        params: SamplingParams, stops: list[bytes], eos: set[int],
-                       pieces: "ReplyPieces | None") -> None:
+                       pieces: "ReplyPieces | None", trie: Choices | None = None) -> None:
         logits = torch.stack([self._prefill_pending(s) for s in streams])          # (n, V)
         active = list(streams)
+        start = len(streams[0].generated)
         for step in range(max_new_tokens):
+            if trie is not None:        # one stream: only ids that continue a choice
+                trie.mask(logits[0], streams[0].generated[start:])
             picks = self._sample(logits, params, [s.generator for s in active])
             still = []
             for s, (tok, piece) in zip(active, picks):
@@ -259,7 +274,8 @@ class Engine:
                 out[s.name] += piece
                 # a stop string can only newly appear in the tail that this token touched
                 tail = out[s.name][-(len(piece) + max((len(x) for x in stops), default=0)):]
-                done = tok in eos or any(x in tail for x in stops)
+                done = tok in eos or any(x in tail for x in stops) or (
+                    trie is not None and trie.done(s.generated[start:]))
                 if not done and step + 1 < max_new_tokens:
                     still.append(s)
             active = still
