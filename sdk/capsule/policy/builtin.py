@@ -33,6 +33,7 @@ class BuiltinPolicy(nn.Module):
     kind: str = ""
     action_shape: tuple[int, ...] = (ACTION_DIM,)
     hidden_shape: tuple[int, ...] | None = None
+    description: str = "UNTRAINED builtin policy (seeded random weights)"
 
     def forward(self, obs: dict[str, torch.Tensor],
                 hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -54,24 +55,29 @@ class BuiltinPolicy(nn.Module):
 
 
 class MlpPolicy(BuiltinPolicy):
-    """state -> Linear-ReLU-Linear-ReLU-Linear-Tanh -> action (A,) or a chunk (T, A)."""
+    """state -> Linear-ReLU-Linear-ReLU-Linear-Tanh -> action (A,) or a chunk (T, A).
 
-    def __init__(self, kind: str = "mlp", chunk: int | None = None):
+    The builtins use the defaults; an app may size one to its robot, train it (it is a plain
+    nn.Module) and write it with ``capsule.policy.export_onnx(module, path)`` for Session.open's
+    ``policy=`` (set ``description`` to say what it is: it becomes the ONNX doc string)."""
+
+    def __init__(self, kind: str = "mlp", chunk: int | None = None, *, state_dim: int = STATE_DIM,
+                 action_dim: int = ACTION_DIM, width: int = MLP_WIDTH):
         super().__init__()
         self.kind = kind
         self.chunk = chunk
-        out = ACTION_DIM * (chunk or 1)
-        self.fc1 = nn.Linear(STATE_DIM, MLP_WIDTH)
-        self.fc2 = nn.Linear(MLP_WIDTH, MLP_WIDTH)
-        self.head = nn.Linear(MLP_WIDTH, out)
-        self.action_shape = (chunk, ACTION_DIM) if chunk else (ACTION_DIM,)
+        out = action_dim * (chunk or 1)
+        self.fc1 = nn.Linear(state_dim, width)
+        self.fc2 = nn.Linear(width, width)
+        self.head = nn.Linear(width, out)
+        self.action_shape = (chunk, action_dim) if chunk else (action_dim,)
 
     def forward(self, obs, hidden=None):
         x = obs[STATE]                                            # (1, S)
         x = torch.relu(self.fc1(x))                               # (1, W)
         x = torch.relu(self.fc2(x))                               # (1, W)
         a = torch.tanh(self.head(x))                              # (1, T*A)
-        return a.view(1, *self.action_shape), None                # (1, [T,] A)
+        return a.view(a.shape[0], *self.action_shape), None       # (1, [T,] A)
 
 
 class GruPolicy(BuiltinPolicy):

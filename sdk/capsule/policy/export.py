@@ -100,7 +100,7 @@ def build_onnx(module: BuiltinPolicy) -> Any:
     graph = h.make_graph(nodes, f"capsule-{module.kind}", ins, outs, inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], producer_name="capsule",
                          ir_version=IR_VERSION)
-    model.doc_string = f"{module.kind}: UNTRAINED builtin policy (seeded random weights)"
+    model.doc_string = f"{module.kind}: {module.description}"
     return model
 
 
