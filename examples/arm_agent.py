@@ -115,11 +115,12 @@ def main() -> None:
         if remaining > 0:
             t0 = time.perf_counter()
             loop = ControlLoop(s, hz=args.hz, checkpoint_every=args.checkpoint_every)
-            try:
-                st = loop.run(step, steps=remaining)
-            except KeyboardInterrupt:       # Ctrl-C: a final capsule below, no traceback
+            # Ctrl-C ends the loop after the step in progress (its state whole): a final capsule
+            # below, no traceback, and a rerun continues exactly
+            signal.signal(signal.SIGINT, lambda *_: loop.stop())
+            st = loop.run(step, steps=remaining)
+            if st.steps < remaining:
                 print("interrupted")
-                st = loop.stats()
             print(f"steps {start}..{s.state['step'] - 1} in {time.perf_counter() - t0:.1f} s: "
                   f"{st.misses} deadline misses (planner turns), step p50/p99 "
                   f"{st.step_p50_ms:.2f}/{st.step_p99_ms:.2f} ms, {st.checkpoints} capsules; "

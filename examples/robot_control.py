@@ -10,10 +10,14 @@ and run it again: it continues the same episode from its last capsule.
 from __future__ import annotations
 
 import argparse
+import signal
 
 import numpy as np
 
 from capsule import ControlLoop, Session
+
+
+EVERY = 10   # a capsule every EVERY ticks
 
 
 def observation(tick: int) -> dict:
@@ -23,12 +27,15 @@ def observation(tick: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", default="arm.capsules")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--hz", type=float, default=100.0)
-    ap.add_argument("--policy", default="builtin:gru")
-    ap.add_argument("--device", default="auto")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--store", default="arm.capsules",
+                    help="capsule store folder (created if missing; a rerun continues from its last capsule)")
+    ap.add_argument("--steps", type=int, default=200, help="control ticks to run in this process")
+    ap.add_argument("--hz", type=float, default=100.0, help="control rate of the loop")
+    ap.add_argument("--policy", default="builtin:gru",
+                    help="an .onnx policy file or builtin:mlp | builtin:mlp-chunk | builtin:gru")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name")
     args = ap.parse_args()
 
     with Session.open(args.store, model=None, policy=args.policy, device=args.device) as s:
@@ -46,8 +53,14 @@ def main() -> None:
             last["action"] = s.act(observation(tick))
             s.state = {"tick": tick + 1}     # capsule state: where the episode is
 
-        loop = ControlLoop(s, hz=args.hz, checkpoint_every=10)
+        loop = ControlLoop(s, hz=args.hz, checkpoint_every=EVERY)
+        # Ctrl-C ends the loop after the step in progress: a final capsule below, no traceback
+        signal.signal(signal.SIGINT, lambda *_: loop.stop())
         st = loop.run(step, steps=args.steps)
+        if st.steps < args.steps:
+            print("interrupted")
+        if st.steps % EVERY:                # the ticks after the loop's last capsule
+            s.checkpoint()
         s.flush()
         print(f"ticks {start}..{s.state['tick'] - 1}: {st.steps} steps, {st.misses} deadline misses, "
               f"step p50/p99 {st.step_p50_ms:.3f}/{st.step_p99_ms:.3f} ms, {st.checkpoints} capsules "
