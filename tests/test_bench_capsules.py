@@ -77,6 +77,7 @@ def test_stall_loop(report):
     for run in (off, on):
         assert 0 < run["work_p50_ms"] <= run["work_p99_ms"] <= run["work_max_ms"]
         assert 0 <= run["deadline_misses"] <= STEPS
+        assert len(run["work_ms"]) == STEPS and max(run["work_ms"]) == run["work_max_ms"]   # the histogram's
     assert 0 < on["stall_p50_ms"] <= on["stall_p99_ms"] <= on["stall_max_ms"]
     assert stall["added_stall_p99_ms"] == on["stall_p99_ms"]
     assert on["epochs_committed"] == STEPS and on["last_epoch_durable"]

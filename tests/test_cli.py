@@ -116,7 +116,7 @@ def test_a_failing_probe_becomes_a_line_not_a_crash():
 def test_bench_unknown_suite_lists_suites(capsys):
     assert main(["bench", "--suite", "nope", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "unknown bench suite 'nope'" in err and "decode" in err
+    assert "--suite takes distinct names from" in err and "'nope'" in err and "reliability" in err
 
 
 def test_bench_bad_steps_is_a_value_error(capsys):

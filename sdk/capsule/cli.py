@@ -38,22 +38,32 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .tools.bench import SUITES, BenchOptions, run_suite
+    from .tools.bench import BenchOptions, run_suite
+    from .tools.bench.plots import draw_plots
     from .tools.bench.report import format_table
+    from .tools.bench.run_all import parse_suites, run_suites
 
-    if args.suite not in SUITES:
-        print(f"error: unknown bench suite {args.suite!r}; available: {', '.join(sorted(SUITES))}",
-              file=sys.stderr)
+    try:
+        names = parse_suites(args.suite)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     only = tuple(x.strip() for x in (args.only or "").split(",") if x.strip())
     opts = BenchOptions(model=args.model, device=args.device, quick=args.quick, steps=args.steps, only=only)
-    print(f"bench {args.suite}: model {opts.model}, device {opts.device}{', quick' if opts.quick else ''}",
+    print(f"bench {','.join(names)}: model {opts.model}, device {opts.device}{', quick' if opts.quick else ''}",
           flush=True)
-    run = run_suite(args.suite, opts, args.out)
-    for title, rows in run.result.tables.items():
-        print(f"\n{title}\n{format_table(rows, markdown=False)}")
-    print(f"\nwrote {run.json_path} and {run.md_path.name}")
-    return 0
+    if args.suite and len(names) == 1:      # one suite: its tables here, its report and plots there
+        run = run_suite(names[0], opts, args.out)
+        for title, rows in run.result.tables.items():
+            print(f"\n{title}\n{format_table(rows, markdown=False)}")
+        drawn = [n for n, st in draw_plots({names[0]: run.result.results}, run.json_path.parent).items()
+                 if st == "ok"]
+        print(f"\nwrote {run.json_path} and {run.md_path.name}" + (f", {', '.join(drawn)}" if drawn else ""))
+        return 0
+    done = run_suites(names, opts, args.out)
+    print(f"\nwrote {done.json_path}, {done.md_path.name} and the plots in {done.out_dir}"
+          + (f"; FAILED: {', '.join(done.failed)}" if done.failed else ""))
+    return 1 if done.failed else 0
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -132,12 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", parents=[common], help="which backends work here (runs a tiny inference each)")
     doctor.set_defaults(func=_cmd_doctor)
 
-    bench = sub.add_parser("bench", parents=[common], help="run a benchmark suite")
-    bench.add_argument("--suite", required=True, help="suite name, e.g. decode")
+    bench = sub.add_parser("bench", parents=[common], help="run benchmark suites (all of them by default)")
+    bench.add_argument("--suite", default=None, metavar="NAME,...",
+                       help="suites to run, comma-separated, from: decode, capsules, tokenize, tokenize-diff, "
+                            "tokenize-bpe, memory, control, reliability (default: every suite, one report "
+                            "with plots)")
     bench.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
-    bench.add_argument("--out", default=None, help="output folder (default bench-results/<suite>-<time>/)")
-    bench.add_argument("--quick", action="store_true", help="fewer sizes and steps")
+    bench.add_argument("--out", default=None,
+                       help="output folder (default bench-results/<time>/, or bench-results/<suite>-<time>/ for one suite)")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer sizes and steps (every suite: about 3 minutes on a 2-core CPU)")
     bench.add_argument("--steps", type=int, default=None, help="timed decode steps per batch size")
     bench.add_argument("--only", default=None, metavar="SECTION,...",
                        help="run only these sections of a suite that has them (memory: ttft, decode, "

@@ -156,7 +156,8 @@ def control_loop(store: Path, device: str, steps: int, checkpoints: bool, period
         newest_durable = s.epochs()[-1].id if checkpoints else None
         out: dict[str, Any] = {"checkpoints": checkpoints, "steps": steps,
                                "work_p50_ms": percentile(work, 50) * 1e3, "work_p99_ms": percentile(work, 99) * 1e3,
-                               "work_max_ms": max(work) * 1e3, "deadline_misses": misses}
+                               "work_max_ms": max(work) * 1e3, "deadline_misses": misses,
+                               "work_ms": [w * 1e3 for w in work]}      # every step, for the histogram
         if checkpoints:
             out.update({"stall_p50_ms": percentile(stall, 50) * 1e3, "stall_p99_ms": percentile(stall, 99) * 1e3,
                         "stall_max_ms": max(stall) * 1e3, "epochs_committed": sum(syncs),
