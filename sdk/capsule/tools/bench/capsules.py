@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from . import BenchOptions, SuiteResult
 from .capsules_delta import control_loop, measure_delta, summarize_delta
 from .capsules_disk import filesystem_of, fsync_latency, sequential_bandwidth
 from .capsules_restore import SOURCE_MODULES, measure_restore
+from .timing import announcer
 
 CONTEXTS, QUICK_CONTEXTS, TINY_CONTEXTS = (1024, 2048, 4096, 8192), (1024, 4096), (256, 1024)
 REPS, QUICK_REPS = 3, 2
@@ -174,19 +176,28 @@ def run(opts: BenchOptions) -> SuiteResult:
                          "temp_filesystem": filesystem_of(work),
                          "torch_threads": torch.get_num_threads(), "notes": list(NOTES)})
 
+        say = announcer("capsules", opts.progress)
+        t0 = time.perf_counter()
+        say(f"restore vs cold start at {', '.join(map(str, contexts))} tokens, {reps} reps, fresh processes")
         rows, stores = measure_restore(tokenizer, contexts, reps, work, opts.model, opts.device, RUNTIME,
                                        opts.progress)
         restore = _restore_summary(rows)
+        say(f"restore: {rows[-1]['ratio']:.1f}x faster than cold at {rows[-1]['context_tokens']} tokens "
+            f"({time.perf_counter() - t0:.1f} s)")
         load["after_restore_runs"] = os.getloadavg()[0]
+        say(f"deltas: {delta_steps} epochs of +{NEW_TOKENS} tokens from {start}")
         with Session.open(stores[start], model=opts.model, device=opts.device, runtime=RUNTIME) as s:
             epochs = measure_delta(s, delta_steps, NEW_TOKENS, opts.progress)
         delta = {**summarize_delta(epochs), "start_context": start, "per_epoch": epochs}
+        say(f"control loop: {loop_steps} steps at {1 / LOOP_PERIOD_S:.0f} Hz without, then with a capsule a step")
         stall = _stall(control_loop(work / "loop-off", opts.device, loop_steps, False, LOOP_PERIOD_S,
                                     LOOP_WARMUP, opts.progress),
                        control_loop(work / "loop-on", opts.device, loop_steps, True, LOOP_PERIOD_S,
                                     LOOP_WARMUP, opts.progress))
+        say(f"disk: sequential bandwidth over {disk_mb} MB and fsync latency")
         tput = _throughput(rows[-1], sequential_bandwidth(work, disk_mb))
         fsync = fsync_latency(work)
+        say(f"done in {time.perf_counter() - t0:.1f} s")
         load["end"] = os.getloadavg()[0]
     targets = _targets(restore, delta, stall)
     results = {"restore": restore, "delta": delta, "stall": stall, "throughput": tput, "fsync": fsync,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ from . import BenchOptions, SuiteResult
 from .memory_accuracy import accuracy_section
 from .memory_decode import decode_rows
 from .memory_ttft import fresh, targets, ttft_rows
-from .timing import make_clock, percentile
+from .timing import announcer, make_clock, percentile
 
 KS, QUICK_KS = (1, 5, 10, 25, 50), (1, 10, 50)
 TTFT_REPS, QUICK_TTFT_REPS = 7, 2                 # opts.steps overrides: timed reps per k and path
@@ -200,9 +199,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     n_facts, n_remember, n_queries = ((QUICK_RECALL_FACTS, QUICK_REMEMBERED, QUICK_QUERIES) if opts.quick
                                       else (RECALL_FACTS, REMEMBERED, QUERIES))
 
-    def say(msg: str) -> None:
-        if opts.progress:
-            print(f"memory: {msg}", file=sys.stderr, flush=True)
+    say = announcer("memory", opts.progress)
 
     load_start = os.getloadavg()[0]                    # other work on the machine skews timings
     results: dict[str, Any] = {}

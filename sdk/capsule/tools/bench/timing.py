@@ -1,6 +1,8 @@
 """Timing helpers shared by suites: percentiles, a synchronizing clock, and a decode-step probe."""
 from __future__ import annotations
 
+import sys
+
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -21,6 +23,15 @@ def make_clock(device: torch.device) -> Callable[[], float]:
             return time.perf_counter()
         return clock
     return time.perf_counter
+
+
+def announcer(suite: str, enabled: bool) -> Callable[[str], None]:
+    """say(msg): one "suite: msg" line on stderr (when enabled), seen in logs where the bars
+    are off (they are drawn only on a terminal)."""
+    def say(msg: str) -> None:
+        if enabled:
+            print(f"{suite}: {msg}", file=sys.stderr, flush=True)
+    return say
 
 
 def progress(total: int, desc: str, enabled: bool, unit: str = "step") -> tqdm:
