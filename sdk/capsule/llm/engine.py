@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Sequence
 
 import torch
@@ -28,7 +27,7 @@ from .context_shift import ShiftPlan, apply_shift, check_policy, folded_text, fu
 from .kv_pool import KVPool
 from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
-from .sampler import SamplingParams, make_generator
+from .sampler import SamplingParams, sample_decodable, stream_generator
 from .replies import OnToken, ReplyPieces, cut_at_stop
 from .streams import Stream, check_stream_name, split_incomplete
 
@@ -234,7 +233,7 @@ class Engine:
         for s, plan in shifts:
             self._apply_shift(s, plan)
         for s in streams:
-            self._prepare_generator(s, params, seed)
+            s.generator = stream_generator(s.generator, params, seed, self.pool.tensor.device)
         # a character the last reply ended inside is completed by this one (s.tail)
         out = {s.name: bytearray(s.tail) for s in streams}
         eos = set(self.tokenizer.eos_ids)
@@ -267,7 +266,8 @@ class Engine:
         for step in range(max_new_tokens):
             if trie is not None:        # one stream: only ids that continue a choice
                 trie.mask(logits[0], streams[0].generated[start:])
-            picks = self._sample(logits, params, [s.generator for s in active])
+            picks = sample_decodable(self.runner.sampler, self.tokenizer, logits, params,
+                                     [s.generator for s in active])
             still = []
             for s, (tok, piece) in zip(active, picks):
                 s.generated.append(tok)      # joins the canonical ids with the next append
@@ -284,32 +284,6 @@ class Engine:
             if not active:
                 break
             logits = self.runner.decode([self.next_row(s) for s in active])
-
-    def _sample(self, logits: torch.Tensor, params: SamplingParams,
-                generators: list[torch.Generator | None]) -> list[tuple[int, bytes]]:
-        """One (token, bytes) per row, never a token the tokenizer cannot decode."""
-        vocab = self.tokenizer.vocab_size
-        if logits.shape[-1] > vocab:
-            logits[:, vocab:] = float("-inf")   # model rows past the tokenizer's ids
-        picks = self.runner.sampler.rows(logits, [params] * len(generators), generators)
-        result = []
-        for row, tok in enumerate(picks):
-            while True:
-                try:
-                    result.append((tok, self.tokenizer.decode_bytes([tok])))
-                    break
-                except ValueError:  # an unassigned id inside the vocabulary (e.g. cl100k's gaps)
-                    logits[row, tok] = float("-inf")
-                    tok = self.runner.sampler.rows(logits[row:row + 1], [params], [generators[row]])[0]
-        return result
-
-    def _prepare_generator(self, s: Stream, params: SamplingParams, seed: int | None) -> None:
-        if seed is not None:
-            s.generator = make_generator(seed, self.pool.tensor.device)
-        elif s.generator is None and not params.greedy:
-            # unseeded sampling still gets an explicit generator: its state is execution state
-            s.generator = make_generator(int.from_bytes(os.urandom(8), "little") >> 1,
-                                         self.pool.tensor.device)
 
     def _prefill_pending(self, s: Stream) -> torch.Tensor:
         """Logits after the stream's last token, computing K/V for the uncached ids."""

@@ -28,7 +28,8 @@ picks another algorithm (another rounding) for another batch size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+import os
+from typing import Protocol, Sequence
 
 import torch
 
@@ -264,3 +265,42 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
     if logits.dim() != 2:
         raise ValueError(f"logits must be (n, V), got {tuple(logits.shape)}")
     return Sampler(logits.shape[0], logits.shape[1], logits.device).rows(logits, params, generators)
+
+
+def stream_generator(current: torch.Generator | None, params: SamplingParams, seed: int | None,
+                     device: torch.device) -> torch.Generator | None:
+    """The generator a stream samples with for one generate call: reseeded by ``seed``; kept
+    when it has one; a fresh random one for unseeded sampling (its state is execution state,
+    saved in capsules); None while greedy."""
+    if seed is not None:
+        return make_generator(seed, device)
+    if current is None and not params.greedy:
+        return make_generator(int.from_bytes(os.urandom(8), "little") >> 1, device)
+    return current
+
+
+class _Decoder(Protocol):
+    vocab_size: int
+
+    def decode_bytes(self, ids: list[int]) -> bytes: ...
+
+
+def sample_decodable(sampler: Sampler, tokenizer: _Decoder, logits: torch.Tensor, params: SamplingParams,
+                     generators: list[torch.Generator | None]) -> list[tuple[int, bytes]]:
+    """One (token, its bytes) per row of logits, never a token the tokenizer cannot decode: model
+    rows past the tokenizer's ids are masked, and an unassigned id inside the vocabulary (e.g.
+    cl100k's gaps) is masked and that row drawn again (a rare second host read)."""
+    vocab = tokenizer.vocab_size
+    if logits.shape[-1] > vocab:
+        logits[:, vocab:] = float("-inf")
+    picks = sampler.rows(logits, [params] * len(generators), generators)
+    result = []
+    for row, tok in enumerate(picks):
+        while True:
+            try:
+                result.append((tok, tokenizer.decode_bytes([tok])))
+                break
+            except ValueError:
+                logits[row, tok] = float("-inf")
+                tok = sampler.rows(logits[row:row + 1], [params], [generators[row]])[0]
+    return result
