@@ -20,7 +20,7 @@ import torch
 
 from ...session import Session
 from . import BenchOptions, SuiteResult
-from .timing import make_clock, percentile, progress, step_probe
+from .timing import announcer, make_clock, percentile, progress, step_probe
 from . import decode_append
 from . import decode_sampling
 from . import decode_threads
@@ -133,6 +133,9 @@ def run(opts: BenchOptions) -> SuiteResult:
                     "prefill_tokens": list(lengths), "prefill_reps": reps, "quick": opts.quick,
                     "torch_threads": torch.get_num_threads()}
         results["capture_seconds"] = {str(b): t for b, t in sorted(runner.capture_seconds.items())}
+        say = announcer("decode", opts.progress)
+        say(f"prefill of {', '.join(map(str, lengths))} tokens, then {steps} steps at batch "
+            f"{', '.join(map(str, batches))} (graphs {graphs})")
         results["prefill"] = _prefill(s, lengths, reps, clock, opts.progress)
         results["decode"] = _decode(s, batches, steps, clock, graphs, opts.progress, "g")
         s.close()
@@ -154,7 +157,11 @@ def run(opts: BenchOptions) -> SuiteResult:
     if results["peak_cuda_allocated_mb"] is not None:
         memory["peak_cuda_allocated_mb"] = results["peak_cuda_allocated_mb"]
     tables["open and memory"] = [memory]
+    say = announcer("decode", opts.progress)
+    say("Session.append and the checkpoint after it")
     decode_append.report(opts, results, tables)
+    say("sampling vs greedy at batch 4")
     decode_sampling.report(opts, results, tables)
+    say("engines x CPU threads" if device.type == "cpu" else "engines x threads: CPU only, skipped")
     decode_threads.report(opts, results, tables, device, robot_prompt)
     return SuiteResult(settings=settings, results=results, tables=tables)
