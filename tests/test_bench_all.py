@@ -55,7 +55,7 @@ def test_a_failing_suite_is_reported_and_the_others_run(tmp_path, monkeypatch):
         return SuiteRun(res, out_dir / "results.json", out_dir / "results.md")
 
     monkeypatch.setattr(run_all, "run_suite", fake_run_suite)
-    done = run_all.run_suites(["tokenize", "control", "memory", "capsules"], BenchOptions(quick=True), tmp_path)
+    done = run_all.run_suites(["tokenize", "control", "memory", "capsules"], BenchOptions(quick=True, device="cpu"), tmp_path)
     assert done.failed == ("control",)
     # --quick trims the long suites: the memory suite's quick sections
     assert ran[2] == ("memory", run_all.QUICK_SECTIONS["memory"], None) and ran[0] == ("tokenize", (), None)
@@ -81,7 +81,7 @@ def test_two_real_suites_in_one_report(tmp_path, capsys):
 
 
 def test_bench_help_lists_every_suite(capsys):
-    assert main(["bench", "--help"]) == 0
+    assert main(["bench", "--device", "cpu", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     for name in run_all.ORDER:
         assert name in out
