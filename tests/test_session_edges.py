@@ -141,9 +141,10 @@ def test_a_forked_child_never_closes_its_parents_session_at_exit(tmp_path):
 
 
 def test_a_character_split_across_replies_is_completed_by_the_next(tmp_path, monkeypatch):
-    from capsule.llm.engine import Engine
+    from capsule.llm import engine
     pieces = iter([b"\xc3", b"\xa9", b"!", b"\xe2\x82", b"\xac", b"\xf0\x9f"])
-    monkeypatch.setattr(Engine, "_sample", lambda self, logits, params, gens: [(5, next(pieces)) for _ in gens])
+    monkeypatch.setattr(engine, "sample_decodable",
+                        lambda sampler, tok, logits, params, gens: [(5, next(pieces)) for _ in gens])
     with _open(tmp_path / "s") as s:
         s.append("price:")
         assert s.generate(1) == ""                    # the first byte of 'é' waits
