@@ -90,23 +90,14 @@ def test_bench_help_lists_every_suite(capsys):
 def test_ctrl_c_leaves_no_temporary_folder(tmp_path):
     import os
     import signal
-    import subprocess
     import sys
-    import time
+
+    from signalled import signal_after_line
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "capsule.cli", "bench", "--suite", "capsules", "--quick",
-                             "--device", "cpu", "--out", str(tmp_path / "out")],
-                            env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:                           # the suite is under way, stores created
-            if line.startswith("capsules: restore vs cold"):
-                break
-        time.sleep(3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130 and "interrupted" in out + err
+    code, out, err = signal_after_line([sys.executable, "-m", "capsule.cli", "bench", "--suite", "capsules",
+                                        "--quick", "--device", "cpu", "--out", str(tmp_path / "out")],
+                                       "capsules: restore vs cold", signal.SIGINT, delay_s=3, stream="stderr",
+                                       env={**os.environ, "TMPDIR": str(tmp)})
+    assert code == 130 and "interrupted" in out + err
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("capsule")], list(tmp.iterdir())

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from signalled import signal_after_line
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arm_agent.py"
 HASH = re.compile(r"^trajectory sha256: ([0-9a-f]{64})$", re.M)
 ARGS = ["--steps", "50", "--checkpoint-every", "10", "--device", "cpu", "--hz", "100"]
@@ -49,20 +51,9 @@ def test_every_option_has_help():
 
 
 def test_ctrl_c_ends_with_a_final_capsule_and_the_rerun_goes_on(tmp_path):
-    import time
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--store", str(tmp_path / "c"), "--steps", "100000",
-                             "--device", "cpu", "--hz", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("fresh episode"):
-                break
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in err, err
+    code, out, err = signal_after_line([sys.executable, str(EXAMPLE), "--store", str(tmp_path / "c"), "--steps",
+                                        "100000", "--device", "cpu", "--hz", "50"], "fresh episode", signal.SIGINT)
+    assert code == 0 and "Traceback" not in err, err
     assert "interrupted" in out and HASH.search(out)
     done = int(re.search(r"steps 0\.\.(\d+) in", out)[1]) + 1
     again = _run(tmp_path / "c", "--steps", str(done + 5))
