@@ -40,7 +40,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
 RANK = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 TOP_LEVEL_ROOMS = {"cli": "cli", "control": "control", "session": "session", "assembly": "session",
                    "errors": "base", "paths": "base", "safejson": "base", "stats": "base", "_version": "base",
-                   "cudagraph": "base", "trt_plan": "base", "sdnotify": "base"}
+                   "cudagraph": "base", "trt_plan": "base", "sdnotify": "base", "digests": "base"}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..digests import tensors_sha256
 from ..paths import cache_dir, write_private
 from .onnx_step import KV_OUT, OPSET, StepShape, build_step
 
@@ -46,12 +47,7 @@ def export_key(model: Any, shape: StepShape, weights_digest: str, kv_out: str) -
 
 def weights_sha256(model: Any) -> str:
     """A digest of the model's tensors themselves, for a model without a file digest."""
-    h = hashlib.sha256()
-    for name in sorted(model.w):
-        t = model.w[name].detach().contiguous().cpu()
-        h.update(name.encode() + str(tuple(t.shape)).encode() + str(t.dtype).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().data)   # any dtype, bf16 included
-    return h.hexdigest()
+    return tensors_sha256(sorted(model.w.items()))
 
 
 def _layout(weights: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:

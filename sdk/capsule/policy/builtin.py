@@ -11,12 +11,12 @@ checkpoints), not to control a robot: their actions are meaningless. Each is det
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
 from torch import nn
 
+from ..digests import tensors_sha256
 from .spec import STATE, PolicySpec
 
 STATE_DIM, ACTION_DIM, HIDDEN_DIM, MLP_WIDTH, CHUNK = 14, 6, 32, 64, 4
@@ -41,12 +41,7 @@ class BuiltinPolicy(nn.Module):
 
     def digest(self) -> str:
         """sha256 of the kind and every weight's name, dtype, shape and bytes."""
-        h = hashlib.sha256(self.kind.encode())
-        for name, t in self.state_dict().items():
-            t = t.detach().to("cpu").contiguous()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        return h.hexdigest()
+        return tensors_sha256(self.state_dict().items(), prefix=self.kind.encode())
 
     def spec(self) -> PolicySpec:
         return PolicySpec(observation={STATE: ((STATE_DIM,), "float32")}, action_shape=self.action_shape,
