@@ -1,5 +1,6 @@
-"""TensorRT plans built from ONNX files and cached on disk: one way for every engine here (the
-policy's, the LLM's), so both build with the same flags and key their caches the same way.
+"""TensorRT plans built from ONNX files and cached on disk, and an engine's tensors bound to
+static buffers: one way for every engine here (the policy's, the LLM's), so both build with the
+same flags, key their caches the same way and check their bindings alike.
 
 A plan (serialized engine bytes, not pickle) is valid only for the TensorRT version, the GPU
 (name and compute capability), the precision, the input shapes and the ONNX it came from:
@@ -11,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import torch
 
 from .errors import EngineUnavailable
 from .paths import write_private
@@ -40,6 +44,46 @@ def cached_plan(path: Path, build: Callable[[], bytes]) -> bytes:
 
 def trt_major(trt: Any) -> int:
     return int(trt.__version__.split(".")[0])
+
+
+def import_tensorrt() -> Any:
+    """The tensorrt module, or EngineUnavailable saying how to install it."""
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        raise EngineUnavailable(f"tensorrt is not importable ({exc}); pip install "
+                                "'exec-capsules[tensorrt]' or use JetPack's python3-libnvinfer") from None
+    return trt
+
+
+def bind_io(trt: Any, engine: Any, context: Any, tensors: Mapping[str, torch.Tensor],
+            required: Iterable[str] = ()) -> list[str]:
+    """Point every I/O tensor of ``engine`` at its buffer in ``tensors`` (by name), once: the
+    buffers never move. Each one's dtype and, after the input shapes are set, shape must be the
+    buffer's (TensorRT writes the volume it computes). An input no layer reads may be gone from
+    the engine (TensorRT drops it); ``required`` names those that must be there. Returns the
+    engine's I/O names; EngineUnavailable names a mismatch."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    lacking = sorted(set(required) - set(names))
+    if lacking:
+        raise EngineUnavailable(f"the TensorRT engine lacks I/O tensor(s) {lacking}; it has {sorted(names)}")
+    for name in names:
+        t = tensors.get(name)
+        if t is None:
+            raise EngineUnavailable(f"the TensorRT engine has I/O tensor {name!r}, no buffer has that name")
+        want = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
+        if np.dtype(str(t.dtype).removeprefix("torch.")) != want:
+            raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer is {t.dtype}")
+        if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
+            if not context.set_input_shape(name, tuple(t.shape)):
+                raise EngineUnavailable(f"TensorRT rejected input shape {tuple(t.shape)} for {name!r}")
+        context.set_tensor_address(name, t.data_ptr())
+    for name in names:
+        got = tuple(context.get_tensor_shape(name))
+        if got != tuple(tensors[name].shape):
+            raise EngineUnavailable(f"TensorRT tensor {name!r} has shape {got}, its buffer "
+                                    f"{tuple(tensors[name].shape)}")
+    return names
 
 
 def build_plan(trt: Any, logger: Any, onnx_path: Path, precision: str) -> bytes:

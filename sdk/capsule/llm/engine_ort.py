@@ -28,7 +28,7 @@ import torch
 
 from ..errors import EngineUnavailable
 from .onnx_step import INPUTS, OUTPUTS, StepShape, build_step
-from .step_io import StepBuffers, bucket_shape, past_tables
+from .step_io import StepBuffers, bucket_shape, check_pool, past_tables
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -119,6 +119,7 @@ class OrtStep:
         got = self._bound.get(shape)
         if got is not None and got[3] == kv_pool.data_ptr():
             return got[0], got[1], got[2]
+        check_pool(kv_pool, self.device, "ONNX Runtime")
         if got is not None and self.cuda_graph:
             got = None   # ORT's captured graph holds the old pool's address: a new session
         if got is None:
@@ -131,10 +132,6 @@ class OrtStep:
                 self._bind(io.bind_output if name == "hidden" else io.bind_input, name, t)
         else:   # another pool than the one bound (a test's): rebind it
             sess, io, bufs = got[0], got[1], got[2]
-        if kv_pool.dtype != torch.float32 or not kv_pool.is_contiguous() or kv_pool.device != self.device:
-            raise ValueError(f"the ORT step writes a contiguous fp32 pool on {self.device} in place, "
-                             f"got {kv_pool.dtype} on {kv_pool.device}"
-                             f"{'' if kv_pool.is_contiguous() else ', strided'}")
         self._bind(io.bind_input, "kv_pool", kv_pool)
         self._bind(io.bind_output, "kv_pool_out", kv_pool)   # the same buffer: ScatterND in place
         self._bound[shape] = (sess, io, bufs, kv_pool.data_ptr())

@@ -26,15 +26,14 @@ import logging
 from dataclasses import asdict
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from ..errors import EngineUnavailable
 from ..paths import cache_dir
-from ..trt_plan import build_plan, cached_plan, plan_key, trt_major
+from ..trt_plan import bind_io, build_plan, cached_plan, import_tensorrt, plan_key, trt_major
 from .onnx_export import export_key, export_step, weights_sha256
 from .onnx_step import StepShape, write_rows
-from .step_io import StepBuffers, bucket_shape
+from .step_io import StepBuffers, bucket_shape, check_pool
 
 MIN_TRT_MAJOR = 10
 log = logging.getLogger("capsule")
@@ -46,10 +45,9 @@ def tensorrt_or_why(device: torch.device) -> tuple[Any, str | None]:
         return None, (f"the tensorrt LLM engine needs a CUDA model (this one is on {device}, "
                       f"torch.cuda.is_available() is {torch.cuda.is_available()})")
     try:
-        import tensorrt as trt
-    except ImportError as exc:
-        return None, (f"tensorrt is not importable ({exc}); pip install 'exec-capsules[tensorrt]' "
-                      "or use JetPack's python3-libnvinfer")
+        trt = import_tensorrt()
+    except EngineUnavailable as exc:
+        return None, str(exc)
     if trt_major(trt) < MIN_TRT_MAJOR:
         return None, (f"TensorRT {trt.__version__} is older than {MIN_TRT_MAJOR}.0, which the LLM "
                       "step graph needs (int64 I/O tensors); use JetPack 6 or later, or "
@@ -96,10 +94,7 @@ class TrtStep:
         got = self._bound.get(shape)
         if got is not None and got[3] == kv_pool.data_ptr():
             return got[1], got[2]
-        if kv_pool.dtype != torch.float32 or not kv_pool.is_contiguous() or kv_pool.device != self.device:
-            raise ValueError(f"the TensorRT step reads a contiguous fp32 pool on {self.device}, got "
-                             f"{kv_pool.dtype} on {kv_pool.device}")
-        trt = self._trt
+        check_pool(kv_pool, self.device, "TensorRT")
         with torch.cuda.device(self.device):   # TensorRT builds and allocates on the current device
             if got is None:
                 engine = self._runtime.deserialize_cuda_engine(self._plan(shape))
@@ -109,21 +104,10 @@ class TrtStep:
                 bufs = StepBuffers.allocate(shape, self.model.cfg, self.device, rows=True)
             else:
                 engine, context, bufs = got[0], got[1], got[2]
-            tensors = {**bufs.named(), "kv_pool": kv_pool}
-            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-            # TensorRT drops an input no layer reads (slot_mapping: the rows graph has no scatter)
-            if not set(names) <= set(tensors) or not {"hidden", "kv_rows", "kv_pool"} <= set(names):
-                raise EngineUnavailable(f"the TensorRT step engine has I/O {sorted(names)}, "
-                                        f"expected some of {sorted(tensors)} with hidden, kv_rows, kv_pool")
-            for name in names:   # set once: the buffers never move
-                t = tensors[name]
-                want = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-                if np.dtype(str(t.dtype).removeprefix("torch.")) != want:
-                    raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer {t.dtype}")
-                if tuple(context.get_tensor_shape(name)) != tuple(t.shape):
-                    raise EngineUnavailable(f"TensorRT tensor {name!r} has shape "
-                                            f"{tuple(context.get_tensor_shape(name))}, its buffer {tuple(t.shape)}")
-                context.set_tensor_address(name, t.data_ptr())
+            # set once: the buffers never move. TensorRT drops an input no layer reads
+            # (slot_mapping: the rows graph has no scatter)
+            bind_io(self._trt, engine, context, {**bufs.named(), "kv_pool": kv_pool},
+                    required=("hidden", "kv_rows", "kv_pool"))
         self._bound[shape] = (engine, context, bufs, kv_pool.data_ptr())
         return context, bufs
 

@@ -49,6 +49,14 @@ def past_tables(positions: torch.Tensor, block_tables: torch.Tensor, block_size:
     return block_tables[:, :keep] if keep < block_tables.shape[1] else block_tables
 
 
+def check_pool(kv_pool: torch.Tensor, device: torch.device, engine: str) -> None:
+    """ValueError unless kv_pool is a contiguous fp32 pool on ``device`` (what an engine binds
+    by address: a strided or converted copy would not be the registered region)."""
+    if kv_pool.dtype != torch.float32 or not kv_pool.is_contiguous() or kv_pool.device != device:
+        raise ValueError(f"the {engine} step binds a contiguous fp32 pool on {device} in place, got "
+                         f"{kv_pool.dtype} on {kv_pool.device}{'' if kv_pool.is_contiguous() else ', strided'}")
+
+
 @dataclass
 class StepBuffers:
     """One shape's inputs (the graph's ``INPUTS`` but the pool) and outputs, on one device."""

@@ -23,8 +23,8 @@ import torch
 from ..cudagraph import capture_graph
 from ..errors import EngineUnavailable
 from ..paths import cache_dir
-from ..trt_plan import build_plan, cached_plan, plan_key, trt_major
-from .buffers import PolicyBuffers, torch_dtype
+from ..trt_plan import bind_io, build_plan, cached_plan, import_tensorrt, plan_key, trt_major
+from .buffers import PolicyBuffers
 from .probe import FAILED, MISSING, OK, TOLERANCE, Check, NeedsPackage, export_probe, max_diff
 from .source import PolicySource
 from .spec import ACTION, HIDDEN_IN, HIDDEN_OUT
@@ -43,11 +43,7 @@ class TensorRTEngine:
         if dev.type != "cuda" or not torch.cuda.is_available():
             raise EngineUnavailable(f"needs a CUDA device (policy device is {dev}, "
                                     f"torch.cuda.is_available() is {torch.cuda.is_available()})")
-        try:
-            import tensorrt as trt
-        except ImportError as exc:
-            raise EngineUnavailable(f"tensorrt is not importable ({exc}); pip install "
-                                    "'exec-capsules[tensorrt]' or use JetPack's python3-libnvinfer") from None
+        trt = import_tensorrt()
         self.buffers = buffers
         self.hidden_next = torch.empty_like(buffers.hidden) if buffers.hidden is not None else None
         tensors = dict(buffers.obs)  # graph input names are the observation keys
@@ -65,23 +61,7 @@ class TensorRTEngine:
             if self.engine is None:
                 raise EngineUnavailable("TensorRT could not deserialize the cached plan")
             self.context = self.engine.create_execution_context()
-            names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-            for name in names:  # bound once: the buffers never move
-                t = tensors.get(name)
-                if t is None:
-                    raise EngineUnavailable(f"the TensorRT engine has I/O tensor {name!r}, no buffer has that name")
-                want = torch_dtype(np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))).name)
-                if t.dtype != want:
-                    raise EngineUnavailable(f"TensorRT tensor {name!r} is {want}, its buffer is {t.dtype}")
-                if self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-                    if not self.context.set_input_shape(name, tuple(t.shape)):
-                        raise EngineUnavailable(f"TensorRT rejected input shape {tuple(t.shape)} for {name!r}")
-                self.context.set_tensor_address(name, t.data_ptr())
-            for name in names:  # TensorRT writes get_tensor_shape's volume: it must be the buffer's
-                got = tuple(self.context.get_tensor_shape(name))
-                if got != tuple(tensors[name].shape):
-                    raise EngineUnavailable(f"TensorRT tensor {name!r} has shape {got}, its buffer "
-                                            f"{tuple(tensors[name].shape)}")
+            bind_io(trt, self.engine, self.context, tensors)   # once: the buffers never move
             self._capture()
 
     def _plan(self, trt: Any, logger: Any, source: PolicySource, dev: torch.device, precision: str,
@@ -149,10 +129,9 @@ def _trt_run(trt: Any, path: Path, x: np.ndarray, want: np.ndarray) -> np.ndarra
 
 def probe_tensorrt(work: Path) -> Check:
     try:
-        import tensorrt as trt
-    except ImportError as exc:
-        return Check("tensorrt", MISSING, "-", f"not importable ({exc}); pip install 'exec-capsules[tensorrt]' "
-                     "or use JetPack's python3-libnvinfer")
+        trt = import_tensorrt()
+    except EngineUnavailable as exc:
+        return Check("tensorrt", MISSING, "-", str(exc))
     if not torch.cuda.is_available():
         return Check("tensorrt", MISSING, trt.__version__, "needs a CUDA GPU; torch.cuda.is_available() is False")
     try:
