@@ -62,8 +62,9 @@ def _run_and_kill(store: str, mode: str, rng: random.Random) -> int:
     time.sleep(rng.uniform(0.0, 0.4))
     os.kill(proc.pid, signal.SIGKILL)
     out, err = proc.communicate()
-    for line in out.splitlines():
-        if line.startswith("ACK"):
+    # only whole lines count: the kill can land inside a print, leaving "ACK" or "ACK 1" of "ACK 12"
+    for line in out.splitlines(keepends=True):
+        if line.startswith("ACK") and line.endswith("\n"):
             acked = int(line.split()[1])
     assert proc.returncode == -signal.SIGKILL, err
     return acked
