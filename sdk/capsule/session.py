@@ -23,7 +23,7 @@ import os
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from .state.regions import RegionRegistry
 from .store import EpochInfo, Store
 from .tokenize import ReferenceTokenizer
 
+if TYPE_CHECKING:
+    from .fleet import Replication, Replicator, ReplicationStatus
+
 
 class Session:
     """An LLM and/or a robot policy with their execution state, bound to a capsule store."""
@@ -50,6 +53,7 @@ class Session:
                  store: Store, checkpointer: Checkpointer, llm: LLMPart | None = None,
                  actor: Actor | None = None):
         self.path = path
+        self._replicator: Replicator | None = None
         self.profile = profile
         self.registry = registry          # every static buffer the graphs use (public, see state/regions)
         self._llm_part = llm
@@ -67,7 +71,8 @@ class Session:
              tokenizer: str | os.PathLike | None = None, policy: str | None = None,
              device: str = "auto", runtime: Mapping[str, Any] | None = None, restore: bool = True,
              keep_epochs: int | None = None, sign_key: bytes | None = None,
-             memory: MemoryConfig | Mapping[str, Any] | None = None) -> "Session":
+             memory: MemoryConfig | Mapping[str, Any] | None = None,
+             replicate: "str | Replication | Mapping[str, Any] | None" = None) -> "Session":
         """Open (creating if missing) the store at `path`, load the model, restore the newest capsule.
 
         device: "auto", "cpu", "cuda", or a profile name / YAML path from devices/.
@@ -79,8 +84,12 @@ class Session:
         memory: MemoryConfig (or a dict of its fields) for remember / recall / memory_k.
         policy: an .onnx file or builtin:mlp | builtin:mlp-chunk | builtin:gru, run by the first
         engine of the profile's `engines` that works here (see act, reset, episode).
+        replicate: "s3://bucket/prefix" (or a capsule.fleet.Replication): committed epochs are
+        copied there by a background thread (never the caller's; see replication); close() waits
+        for it, at most Replication.close_timeout_s. Endpoint and keys: the AWS variables.
         Nothing is created on disk unless the model and tokenizer load.
         """
+        replication = None if replicate is None else _replication(replicate)
         a = assembly.assemble(path, model=model, tokenizer=tokenizer, policy=policy, device=device,
                               runtime=runtime, keep_epochs=keep_epochs, sign_key=sign_key, memory=memory)
         try:
@@ -88,6 +97,8 @@ class Session:
             session = cls(a.path, a.profile, a.registry, a.store, a.checkpointer, part, a.actor)
             if restore:
                 session._gate.restore_newest()
+            if replication is not None:
+                session._replicator = _start_replicator(a.store, replication)
         except BaseException:
             a.store.close()
             raise
@@ -97,7 +108,8 @@ class Session:
         """Wait for pending background checkpoints, then release the store. Raises a write failure."""
         if self._llm_part is not None:
             self._llm_part.check_not_in_callback()
-        if self._gate.close():
+        replicator = self._replicator
+        if self._gate.close(None if replicator is None else replicator.close):
             atexit.unregister(self._at_exit)
 
     def __enter__(self) -> "Session":
@@ -272,6 +284,12 @@ class Session:
         self._host.set_app_state(value)
 
     @property
+    def replication(self) -> "ReplicationStatus | None":
+        """Where the background replication stands (None: not replicating): the newest epoch the
+        remote holds, epochs uploaded / skipped, bytes sent, the last error."""
+        return None if self._replicator is None else self._replicator.status
+
+    @property
     def restored_epoch(self) -> int | None:
         """The epoch the last restore (at open, or a rollback) installed; None: none yet."""
         return self._host.restored_epoch
@@ -330,6 +348,18 @@ class Session:
             raise ValueError("this Session has no model (opened with model=None)")
         self._llm_part.check_not_in_callback()
         return self._llm_part
+
+
+def _replication(value: Any) -> "Replication":
+    from .fleet import Replication   # boto3 and the fleet layer load only for a replicating Session
+
+    return Replication.of(value)
+
+
+def _start_replicator(store: Store, replication: "Replication") -> "Replicator":
+    from .fleet import Replicator
+
+    return Replicator(store, replication).start()
 
 
 def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:

@@ -88,8 +88,9 @@ class CapsuleGate:
             self.checkpointer.flush()  # list what is durable, after the queued epochs and their retention
             return self.store.epochs()
 
-    def close(self) -> bool:
-        """Wait for pending capsules, then close the store; False if it was closed already."""
+    def close(self, last_commit: Callable[[], object] | None = None) -> bool:
+        """Wait for pending capsules, call last_commit() (nothing commits after it: e.g. let a
+        replicator catch up), then close the store; False if it was closed already."""
         with self.whole():
             if self.closed:
                 return False
@@ -97,7 +98,11 @@ class CapsuleGate:
             try:
                 self.checkpointer.close()
             finally:
-                self.store.close()
+                try:
+                    if last_commit is not None:
+                        last_commit()
+                finally:
+                    self.store.close()
             return True
 
     # -- lock sections --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from .errors import IndexStale, PageCorrupt
 from .healing import Healer
 from .info import EpochInfo
 from .loading import Pages
+from .reader import read_manifest
 from .segments import SegmentReader
 from .shared import Shared
 
@@ -44,7 +45,8 @@ class EpochReads:
             raise self._shared.unknown(epoch_or_name)
         return found
 
-    def load(self, epoch: int, max_page_bytes: int | None, max_manifest_bytes: int | None) -> tuple[bytes, Pages]:
+    def load(self, epoch: int, max_page_bytes: int | None, max_manifest_bytes: int | None,
+             only: frozenset[tuple[str, int]] | None = None) -> tuple[bytes, Pages]:
         sh = self._shared
 
         def read(rebuilt: bool) -> tuple[bytes, Pages]:
@@ -54,7 +56,7 @@ class EpochReads:
             with SegmentReader(sh.seg_dir, sh.sealer.signed) as segs:
                 try:
                     return loading.load(sh.index, segs, sh.sealer, sh.ident(), manifest, epoch, max_page_bytes,
-                                        max_manifest_bytes=max_manifest_bytes)
+                                        max_manifest_bytes=max_manifest_bytes, only=only)
                 except PageCorrupt as exc:
                     if rebuilt or not loading.misplaced(sh.index, sh.seg_dir, sh.sealer, exc):
                         raise
@@ -70,6 +72,23 @@ class EpochReads:
                 raise sh.unknown(epoch)
             with SegmentReader(sh.seg_dir, sh.sealer.signed) as segs:
                 return loading.manifest(segs, sh.sealer, sh.ident(), manifest, epoch, max_bytes)
+        return self._heal.reading(read)
+
+    def view(self, epoch: int) -> dict[str, dict[int, int]]:
+        sh = self._shared
+
+        def read() -> dict[str, dict[int, int]]:
+            manifest = sh.index.manifest_ref(epoch)
+            if manifest is None:
+                raise sh.unknown(epoch)
+            with SegmentReader(sh.seg_dir, sh.sealer.signed) as segs:
+                env = read_manifest(segs, sh.sealer, manifest, epoch, sh.store_id, sh.legacy_until).envelope
+            if env is not None:   # the log's word, verified by the envelope's tag
+                return {r: {i: e for i, (e, _) in pages.items()} for r, pages in env.listing.items()}
+            view: dict[str, dict[int, int]] = {}   # a bare manifest (before format 3): the index's word
+            for ref in sh.index.view(epoch):
+                view.setdefault(ref.region or "", {})[ref.index or 0] = ref.rec_epoch
+            return view
         return self._heal.reading(read)
 
     def newest_valid(self, accept: Callable[[int, bytes], None] | None, max_page_bytes: int | None,

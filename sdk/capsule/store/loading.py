@@ -48,17 +48,21 @@ class Ident:
 
 def load(index: Index, segs: SegmentReader, sealer: Sealer, ident: Ident, manifest: PageRef, epoch: int,
          max_page_bytes: int | None, accept: Accept | None = None, bad: set | None = None,
-         max_manifest_bytes: int | None = None) -> tuple[bytes, Pages]:
-    """One epoch: its manifest (envelope checked against this store), accept, then its view."""
+         max_manifest_bytes: int | None = None, only: frozenset[tuple[str, int]] | None = None
+         ) -> tuple[bytes, Pages]:
+    """One epoch: its manifest (envelope checked against this store), accept, then its view (only:
+    just those (region, index) of it; one the view lacks is absent from the result)."""
     _bound_manifest(manifest, epoch, max_manifest_bytes)
     man = read_manifest(segs, sealer, manifest, epoch, ident.store_id, ident.legacy_until)
     if accept is not None:
         accept(epoch, man.app)
     view = index.view(epoch)
+    if only is not None:
+        view = [ref for ref in view if (ref.region, ref.index) in only]
     if bad and any(ref.location in bad for ref in view):
         raise _KnownBad()
     listing = man.envelope.listing if man.envelope is not None else None
-    return man.app, read_pages(segs, sealer, view, epoch, max_page_bytes, listing)
+    return man.app, read_pages(segs, sealer, view, epoch, max_page_bytes, listing, whole=only is None)
 
 
 def manifest(segs: SegmentReader, sealer: Sealer, ident: Ident, ref: PageRef, epoch: int,

@@ -87,13 +87,15 @@ def read_manifest(segs: SegmentReader, sealer: Sealer, manifest: PageRef, loadin
 
 
 def read_pages(segs: SegmentReader, sealer: Sealer, refs: list[PageRef], loading: int,
-               max_page_bytes: int | None = None, listing: Listing | None = None) -> dict[str, dict[int, bytes]]:
+               max_page_bytes: int | None = None, listing: Listing | None = None,
+               whole: bool = True) -> dict[str, dict[int, bytes]]:
     """{region: {index: payload}}; PageCorrupt on the first record that fails. A record whose
     row claims a payload above max_page_bytes is refused before it is read. With a listing, the
-    rows must name exactly the listed records (IndexStale otherwise)."""
+    rows must name exactly the listed records (IndexStale otherwise); whole=False: refs are a part
+    of the view, each of them listed."""
     checked = [_checked(ref, loading, max_page_bytes) for ref in refs]
     if listing is not None:
-        check_view(checked, listing, loading)
+        check_view(checked, listing, loading, whole)
     pages: dict[str, dict[int, bytes]] = {}
     for ref, payload, tag in _read_all(segs, sealer, sorted(checked, key=_order), loading):
         if listing is not None and listing[ref.region][ref.index][1] != tag:  # type: ignore[index]
@@ -113,15 +115,16 @@ def read_tags(segs: SegmentReader, sealer: Sealer, refs: list[PageRef], loading:
     return tags
 
 
-def check_view(refs: list[PageRef], listing: Listing, loading: int) -> None:
-    """The index's view of an epoch must be exactly its envelope's listing (IndexStale)."""
+def check_view(refs: list[PageRef], listing: Listing, loading: int, whole: bool = True) -> None:
+    """The index's view of an epoch must be exactly its envelope's listing (IndexStale); whole=False:
+    refs are some of the view's pages, each the record the listing names."""
     listed = sum(len(p) for p in listing.values())
     for ref in refs:
         entry = listing.get(ref.region, {}).get(ref.index)  # type: ignore[arg-type]
         if entry is None or entry[0] != ref.rec_epoch:
             raise IndexStale(f"epoch {loading}: the index's page {ref.region}[{ref.index}] (written by epoch "
                              f"{ref.rec_epoch}) is not the one its envelope lists ({entry and entry[0]})")
-    if listed != len(refs):
+    if whole and listed != len(refs):
         raise IndexStale(f"epoch {loading}: the index holds {len(refs)} pages, its envelope lists {listed}")
 
 

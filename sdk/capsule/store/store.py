@@ -57,6 +57,7 @@ class Store:
         self._heal = Healer(sh, self._commit, self._keyed)
         self._reads = EpochReads(sh, self._heal)
         self._upkeep = Upkeep(sh, self._commit, self._heal)
+        self._listeners: list[Callable[[list[EpochInfo]], None]] = []
 
     # -- lifetime -----------------------------------------------------------------------------
     @classmethod
@@ -110,6 +111,23 @@ class Store:
                 lockfile.release(sh.lock_fd)
                 sh.lock_fd = None
 
+    @property
+    def store_id(self) -> str:
+        """This store's id (uuid4 hex, meta.store_id): every record and envelope names it."""
+        return self._shared.store_id
+
+    def on_commit(self, listener: Callable[[list[EpochInfo]], None]) -> Callable[[], None]:
+        """Call listener(epochs) after each write_epoch / sync that committed epochs, on the
+        committing thread with the writer lock held: it must return at once (set an event) and
+        never call the store's writers. Returns the function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _committed(self, infos: list[EpochInfo]) -> list[EpochInfo]:
+        for listener in list(self._listeners) if infos else ():
+            listener(infos)
+        return infos
+
     def __enter__(self) -> "Store":
         return self
 
@@ -125,7 +143,7 @@ class Store:
         with self._wlock:
             self._shared.check_open()
             self._heal.writing(lambda: self._commit.stage(pages, manifest, name, meta, base))
-            return self._commit.sync()[-1]
+            return self._committed(self._commit.sync())[-1]
 
     def stage_epoch(self, pages: Iterable[tuple[str, int, Any]] | PageStream, manifest: bytes, *,
                     name: str | None = None, meta: dict | None = None,
@@ -140,7 +158,7 @@ class Store:
         """Group commit: one fsync pass + one transaction for every staged epoch, oldest first."""
         with self._wlock:
             self._shared.check_open()
-            return self._commit.sync()
+            return self._committed(self._commit.sync())
 
     def discard_staged(self) -> list[int]:
         """Drop staged, unsynced epochs and cut their bytes (a writer whose batch failed midway
@@ -169,13 +187,23 @@ class Store:
         return self._reads.resolve(epoch_or_name)
 
     def load_epoch(self, epoch: int, *, max_page_bytes: int | None = None,
-                   max_manifest_bytes: int | None = None) -> tuple[bytes, Pages]:
+                   max_manifest_bytes: int | None = None,
+                   only: Iterable[tuple[str, int]] | None = None) -> tuple[bytes, Pages]:
         """(manifest, {region: {index: page}}): the epoch's full view, every record verified
         (and, for an epoch with an envelope, exactly the records it lists: an index that says
         otherwise is rebuilt from the log first). max_page_bytes: refuse (PageCorrupt) a page
         whose record claims a bigger payload, before anything is read or allocated for it;
-        max_manifest_bytes likewise for the caller's manifest."""
-        return self._reads.load(epoch, max_page_bytes, max_manifest_bytes)
+        max_manifest_bytes likewise for the caller's manifest. only: read just these
+        (region, index) of the view (those it lacks are absent), e.g. the pages of view()
+        written since some epoch."""
+        wanted = None if only is None else frozenset(only)
+        return self._reads.load(epoch, max_page_bytes, max_manifest_bytes, wanted)
+
+    def view(self, epoch: int) -> dict[str, dict[int, int]]:
+        """{region: {index: the epoch that wrote the page}}: every page of the epoch's view, read
+        from its verified envelope, no page read. Pages whose writing epoch is newer than some
+        epoch B are exactly what changed since B (how a replica learns a delta)."""
+        return self._reads.view(epoch)
 
     def load_manifest(self, epoch: int, *, max_bytes: int | None = None) -> bytes:
         """An epoch's manifest alone (verified, and checked against its envelope), reading no page:

