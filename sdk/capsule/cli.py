@@ -1,4 +1,5 @@
-"""`capsule` command line: demo | doctor | bench | memory | inspect | verify | repair. Parsing and dispatch only.
+"""`capsule` command line: demo | doctor | bench | memory | pull | push | inspect | verify | repair. Parsing and
+dispatch only.
 
 Each command imports what it runs (capsule.tools.*) inside itself, so `capsule --version`
 and `import capsule.cli` load none of them.
@@ -69,6 +70,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .tools.store_report import inspect_report, read_sign_key
 
+    if args.store.startswith("s3://"):
+        from .tools.fleet_cli import inspect_remote
+
+        ok, report = inspect_remote(args.store, args.fleet_key_file)
+        print(report)
+        return 0 if ok else 1
+
     ok, report = inspect_report(args.store, *read_sign_key(args.sign_key_file))
     print(report)
     return 0 if ok else 1   # an epoch that cannot be read was listed with why
@@ -87,6 +95,22 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     from .tools.repair import repair_store
 
     print(repair_store(args.store, *read_sign_key(args.sign_key_file)))
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from .tools.fleet_cli import run_pull
+    from .tools.store_report import read_sign_key
+
+    print(run_pull(args.url, args.store, args.epoch, args.fleet_key_file, read_sign_key(args.sign_key_file)[0]))
+    return 0
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    from .tools.fleet_cli import run_push
+    from .tools.store_report import read_sign_key
+
+    print(run_push(args.store, args.url, args.fleet_key_file, read_sign_key(args.sign_key_file)[0]))
     return 0
 
 
@@ -173,15 +197,36 @@ def build_parser() -> argparse.ArgumentParser:
                                "encoded in it")
     reencode.set_defaults(func=_cmd_memory_reencode)
 
-    for verb, what, func in (("inspect", "list a store's epochs, sizes, fingerprints and streams", _cmd_inspect),
+    fleet_key = ("a replica's fleet key: a file (chmod 600) holding its raw bytes (default: "
+                 "$CAPSULE_FLEET_KEY_FILE)")
+    store_key = "the local store's own signing key file (default: $CAPSULE_SIGN_KEY_FILE)"
+    pull_p = sub.add_parser("pull", parents=[common], help="copy a replica's newest (or a named) epoch into a "
+                                                           "new store; Session.open on it restores it")
+    pull_p.add_argument("url", help="s3://bucket/prefix (endpoint and keys: the AWS_* variables)")
+    pull_p.add_argument("store", help="the new store folder (must hold no epoch)")
+    pull_p.add_argument("--epoch", default=None, help="an epoch id or name (default: the newest)")
+    pull_p.add_argument("--fleet-key-file", metavar="PATH", default=None, help=fleet_key)
+    pull_p.add_argument("--sign-key-file", metavar="PATH", default=None, help=store_key)
+    pull_p.set_defaults(func=_cmd_pull)
+    push_p = sub.add_parser("push", parents=[common], help="copy a store's epochs the replica lacks (one-off backup)")
+    push_p.add_argument("store", help="store folder (not open in another process)")
+    push_p.add_argument("url", help="s3://bucket/prefix (endpoint and keys: the AWS_* variables)")
+    push_p.add_argument("--fleet-key-file", metavar="PATH", default=None, help=fleet_key)
+    push_p.add_argument("--sign-key-file", metavar="PATH", default=None, help=store_key)
+    push_p.set_defaults(func=_cmd_push)
+
+    for verb, what, func in (("inspect", "list a store's (or an s3:// replica's) epochs, sizes, fingerprints "
+                                         "and streams", _cmd_inspect),
                              ("verify", "read and check every record (exit 1 on damage)", _cmd_verify),
                              ("repair", "rebuild the store's index from its segment log (the old index is "
                                         "kept in quarantine/)", _cmd_repair)):
         p = sub.add_parser(verb, parents=[common], help=what)
-        p.add_argument("store", help="store folder")
+        p.add_argument("store", help="store folder" + (" or s3://bucket/prefix" if verb == "inspect" else ""))
         p.add_argument("--sign-key-file", metavar="PATH", default=None,
                        help="a signed store's key: a file (chmod 600) holding the key's raw bytes "
                             "(default: $CAPSULE_SIGN_KEY_FILE)")
+        if verb == "inspect":
+            p.add_argument("--fleet-key-file", metavar="PATH", default=None, help=fleet_key)
         p.set_defaults(func=func)
     return parser
 

@@ -29,15 +29,17 @@ _MAX_KEY_FILE = 1 << 20
 _KEY_HINT = f"give its key file with --sign-key-file PATH or the {SIGN_KEY_ENV} environment variable"
 
 
-def read_sign_key(option: str | None) -> tuple[bytes | None, str]:
+def read_sign_key(option: str | None, env: str = SIGN_KEY_ENV, flag: str = "--sign-key-file"
+                  ) -> tuple[bytes | None, str]:
     """(key, where it came from) for inspect/verify: the file named by --sign-key-file, else by
     $CAPSULE_SIGN_KEY_FILE, else (None, ""). The file holds the key's raw bytes (no trailing newline
-    is stripped); an empty, too short, or other-readable file is refused."""
+    is stripped); an empty, too short, or other-readable file is refused. env / flag: another
+    key's variable and option (the fleet key: CAPSULE_FLEET_KEY_FILE, --fleet-key-file)."""
     if option:
-        path, source = option, f"--sign-key-file {option}"
-    elif os.environ.get(SIGN_KEY_ENV):
-        path = os.environ[SIGN_KEY_ENV]
-        source = f"{SIGN_KEY_ENV}={path}"
+        path, source = option, f"{flag} {option}"
+    elif os.environ.get(env):
+        path = os.environ[env]
+        source = f"{env}={path}"
     else:
         return None, ""
     try:
