@@ -44,6 +44,7 @@ from .tokenize import ReferenceTokenizer
 
 if TYPE_CHECKING:
     from .fleet import Replication, Replicator, ReplicationStatus
+    from .fleet.memory_sync import MemorySync
 
 
 class Session:
@@ -201,6 +202,22 @@ class Session:
         retention drops them; restoring one drops the fact again."""
         with self._gate.llm_section():
             self._llm().memory.forget(fact_id)
+
+    def sync_memory(self, url: str, *, sign_key: bytes | None = None) -> "MemorySync":
+        """Share memory with the fleet: publish this robot's facts (and their K/V under this model)
+        to the shared prefix `url` ("s3://bucket/fleet-memory") and merge the facts others
+        published (their K/V used when it is this model's, else encoded here); one fact per
+        content, and a forget, here or elsewhere, wins for good (docs/FORMAT.md, "Fleet memory").
+        The network part runs without the LLM lock; act() is never held up. sign_key: the fleet key."""
+        from .fleet.memory_sync import FleetMemory, sync
+
+        fleet = FleetMemory(url, sign_key)
+        return sync(fleet, self._memory_section)
+
+    @contextlib.contextmanager
+    def _memory_section(self) -> Iterator[Any]:
+        with self._gate.llm_section():
+            yield self._llm().memory
 
     def clear_memory(self, stream: str = "main") -> None:
         """Empty a stream's memory region: no fact is attended until its next memory_k."""

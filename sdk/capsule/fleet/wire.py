@@ -9,8 +9,8 @@ head: {"store", "epoch", "base", "name", "created", "meta", "signed", "packs": [
 "regions": [[name, count], ...], "app_bytes"}. table, per region in head order, `count` entries of
 "<QQIQI32s": page index (strictly increasing), the epoch that wrote the page, pack number (into
 head.packs), offset and length in that pack, and the page's SHA-256. The tag covers everything
-before it: HMAC-SHA256 under the fleet key for a signed replica, else SHA-256 (damage, not
-forgery). A page is trusted only when its bytes hash to the table's SHA-256, so the signed epoch
+before it, after a domain string naming the kind of object ("capsule.fleet epoch\0"):
+HMAC-SHA256 under the fleet key for a signed replica, else SHA-256 (damage, not forgery). A page is trusted only when its bytes hash to the table's SHA-256, so the signed epoch
 object vouches for every pack byte it uses. Pure functions over untrusted bytes, bounded before
 anything is allocated for them (RemoteCorrupt otherwise).
 """
@@ -81,10 +81,11 @@ class Seal:
     def signed(self) -> bool:
         return self.key is not None
 
-    def tag(self, data: bytes | memoryview) -> bytes:
+    def tag(self, data: bytes | memoryview, domain: bytes = _DOMAIN_EPOCH) -> bytes:
+        """domain: what kind of object this is, so no object of one kind verifies as another."""
         if self.key is None:
-            return hashlib.sha256(data).digest()
-        return hmac.new(self.key, _DOMAIN_EPOCH + bytes(data), hashlib.sha256).digest()
+            return hashlib.sha256(domain + bytes(data)).digest()
+        return hmac.new(self.key, domain + bytes(data), hashlib.sha256).digest()
 
     def key_check(self, store_id: str) -> str:
         """What the store card records so a puller with another key is told so up front."""

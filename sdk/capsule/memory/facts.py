@@ -80,6 +80,33 @@ class Memory:
             self._index.add([fid], emb)
         return fid
 
+    def adopt(self, text: str, tags: Sequence[str], kv: bytes | None, embedding: tuple[str, bytes] | None) -> int:
+        """Add a fact that came from elsewhere (fleet memory): its K/V under this model when given
+        and valid for it (checked like a stored one), else encoded here from the text; its
+        embedding kept when it is this embedder's. Returns its id."""
+        ids = self._fact_ids(text)
+        fact = None
+        if kv is not None:
+            try:
+                fact = FactKV.from_bytes(kv, expect=self._expect)
+            except ValueError:
+                fact = None                   # another shape or damaged: encode it here instead
+        fact = fact if fact is not None else encode_fact(self.model, ids, [])
+        vec = None
+        if self._embed([]) is not None:       # theirs when it is this embedder's, else computed here
+            if embedding is not None and embedding[0] == self._embedder.name and len(embedding[1]) == 4 * self._embedder.dim:
+                vec = torch.from_numpy(np.frombuffer(embedding[1], dtype="<f4").copy())
+            else:
+                vec = self._embed([text])[0]
+        fid = self.store.add_fact(text, tags=tuple(tags), n_tokens=fact.n_tokens, fingerprint=self.fingerprint,
+                                  rope=self.rope, kv=fact.to_bytes(),
+                                  embedding=None if vec is None else vec.numpy().astype("<f4").tobytes(),
+                                  embedder=None if vec is None else self._embedder.name)
+        self._cache(fid, fact)
+        if vec is not None and self._index is not None:
+            self._index.add([fid], vec[None])
+        return fid
+
     def forget(self, fact_id: int) -> None:
         self.store.forget_fact(_fact_id(fact_id))
         self._kv.pop(fact_id, None)
