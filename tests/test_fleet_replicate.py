@@ -189,3 +189,45 @@ def test_the_cli_pushes_lists_and_pulls(tmp_path, s3, capsys):
         assert st.epochs()[0].meta["fleet"]["epoch"] == 1
     assert main(["pull", s3, str(tmp_path / "copy")]) == 1
     assert "already holds epochs" in capsys.readouterr().err
+
+
+def test_memory_facts_travel_with_their_ids_and_injected_capsules_continue_exactly(tmp_path, s3):
+    mem = {"embedder": None}
+    with Session.open(tmp_path / "robot", device="cpu", runtime=RT, memory=mem, replicate=s3) as s:
+        gone = s.remember("The blue box is empty.")
+        s.remember("The red cup is fragile.", tags=["kitchen"])
+        s.remember("The charger is in the hallway.")
+        s.forget(gone)
+        s.append("user: where is the charger? is the red cup fragile?\nrobot:")
+        s.generate(4, memory_k=2)
+        region = list(s.engine.streams["main"].region.fact_ids)
+        assert len(region) == 2
+        s.checkpoint()
+        s.generate(12)
+        want = s.tokens()
+        facts = {f.id: f.text for f in s.recall("charger cup box", 8)}
+    got = pull(s3, tmp_path / "other")
+    assert got.records == 2
+    child = _child_mem(tmp_path / "other")
+    assert child["region"] == region                    # the injected facts are still there, same ids
+    assert child["tokens"] == want
+    assert {int(k): v for k, v in child["facts"].items()} == facts
+    with pytest.raises(FleetConflict):
+        pull(s3, tmp_path / "other")
+
+
+CHILD_MEM = r"""
+import json, sys
+from capsule import Session
+with Session.open(sys.argv[1], device="cpu", runtime=json.loads(sys.argv[2]), memory={"embedder": None}) as s:
+    region = list(s.engine.streams["main"].region.fact_ids)
+    s.generate(12)
+    print(json.dumps({"region": region, "tokens": s.tokens(), "facts": {f.id: f.text for f in s.recall("charger cup box", 8)}}))
+"""
+
+
+def _child_mem(store) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD_MEM, str(store), json.dumps(RT)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])

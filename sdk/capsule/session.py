@@ -375,8 +375,9 @@ def _replication(value: Any) -> "Replication":
 
 def _start_replicator(store: Store, replication: "Replication") -> "Replicator":
     from .fleet import Replicator
+    from .fleet.records import SDK_COLLECTIONS   # memory facts (and their fleet links) go along
 
-    return Replicator(store, replication).start()
+    return Replicator(store, replication, collections=SDK_COLLECTIONS).start()
 
 
 def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:

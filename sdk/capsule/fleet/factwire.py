@@ -1,8 +1,6 @@
 """Fleet memory objects as bytes: a fact, its K/V under one model, and a forget (a tombstone).
 
-    object = magic (8) | head_len u32 | head (JSON) | blob | tag (32)
-
-The tag (wire.Seal, one domain per kind) covers everything before it. A fact is named by its
+Each is a sealed object (sealed.py: magic | head JSON | blob | tag, one tag domain per kind). A fact is named by its
 content hash h = SHA-256 of the JSON [text, sorted tags]; every object's head repeats h, and a
 fact object whose text and tags do not hash to its name is refused, so no object can stand in for
 another fact's. Pure functions over untrusted bytes, bounded before use (RemoteCorrupt).
@@ -10,22 +8,18 @@ another fact's. Pure functions over untrusted bytes, bounded before use (RemoteC
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
-import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .. import safejson
 from ..memory import factrows
 from .errors import RemoteCorrupt
-from .wire import TAG_BYTES, Seal
+from .sealed import MAX_HEAD_BYTES, open_object, seal_object
+from .wire import Seal
 
-_HEAD = struct.Struct("<8sI")
 MAGIC_FACT, MAGIC_KV, MAGIC_FORGET = b"CPFLFACT", b"CPFLKV\x00\x00", b"CPFLFORG"
 _DOMAINS = {MAGIC_FACT: b"capsule.fleet fact\x00", MAGIC_KV: b"capsule.fleet kv\x00",
             MAGIC_FORGET: b"capsule.fleet forget\x00"}
-MAX_HEAD_BYTES = 256 << 10
 MAX_EMBEDDING_BYTES = 1 << 20
 MAX_KV_BYTES = 256 << 20
 
@@ -60,28 +54,11 @@ class FleetKV:
 
 
 def _seal(magic: bytes, head: dict, blob: bytes, seal: Seal) -> bytes:
-    head_bytes = safejson.dumps(head)
-    body = _HEAD.pack(magic, len(head_bytes)) + head_bytes + blob
-    return body + seal.tag(body, _DOMAINS[magic])
+    return seal_object(magic, _DOMAINS[magic], head, blob, seal)
 
 
 def _open(data: bytes, magic: bytes, seal: Seal, where: str, max_blob: int) -> tuple[dict, bytes]:
-    if not _HEAD.size + TAG_BYTES <= len(data) <= _HEAD.size + MAX_HEAD_BYTES + max_blob + TAG_BYTES:
-        raise RemoteCorrupt(where, f"{len(data)} bytes is not a size this object can have")
-    body, tag = memoryview(data)[:-TAG_BYTES], bytes(data[-TAG_BYTES:])
-    if not hmac.compare_digest(seal.tag(body, _DOMAINS[magic]), tag):
-        raise RemoteCorrupt(where, "its tag does not verify (damaged, of another kind, or signed with another "
-                                   "fleet key)" if seal.signed else "its SHA-256 does not match (damaged)")
-    got, n = _HEAD.unpack_from(body)
-    if got != magic or n > min(MAX_HEAD_BYTES, len(body) - _HEAD.size):
-        raise RemoteCorrupt(where, "bad magic or head length")
-    try:
-        head = safejson.loads(body[_HEAD.size:_HEAD.size + n], what="head", max_bytes=MAX_HEAD_BYTES, max_depth=3)
-    except ValueError as exc:
-        raise RemoteCorrupt(where, str(exc)) from None
-    if not isinstance(head, dict):
-        raise RemoteCorrupt(where, "head is not an object")
-    return head, bytes(body[_HEAD.size + n:])
+    return open_object(data, magic, _DOMAINS[magic], seal, where, max_blob)
 
 
 def encode_fact(f: FleetFact, seal: Seal) -> bytes:

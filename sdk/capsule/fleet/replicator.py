@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, replace
 
 from ..errors import CapsuleError
-from ..store import PageCorrupt, Store, StoreError, UnknownEpoch
+from ..store import Collection, PageCorrupt, Store, StoreError, UnknownEpoch
 from .bucket import ObjectStore, S3Bucket
 from .config import Replication
 from .errors import FleetError, RemoteCorrupt, RemoteUnavailable
+from .records import RemoteRecords, list_remote, sync_records
 from .replica import Replica
 from .upload import Held, Throttle, upload_epoch
 from .wire import Seal
@@ -48,9 +49,15 @@ class ReplicationStatus:
 class Replicator:
     """Replicates `store` to `config.url` on a daemon thread; see the module docstring."""
 
-    def __init__(self, store: Store, config: Replication, bucket: ObjectStore | None = None):
+    def __init__(self, store: Store, config: Replication, bucket: ObjectStore | None = None,
+                 collections: tuple[Collection, ...] = ()):
+        """collections: the keyed records to replicate with the epochs (a Session: its memory facts
+        and their fleet links), so that a pulled store holds them under the same ids."""
         self.store, self.config = store, config
         self._bucket = bucket
+        self._collections = collections
+        self._records: RemoteRecords | None = None
+        self._generation = -1           # the store's record_generation when records were last synced
         self._replica: Replica | None = None
         self._held = Held()
         self._wake, self._stop = threading.Event(), threading.Event()
@@ -167,11 +174,18 @@ class Replicator:
                             "is sent whole", self.config.url, exc)
                 held = Held(epoch=ids[-1])
         self._held, self._replica = held, replica
+        self._records, self._generation = (list_remote(bucket) if self._collections else None), -1
         self._set(remote_epoch=held.epoch, connected=True, last_error=None)
 
     def _catch_up(self) -> None:
         assert self._replica is not None
         waiting = [e for e in self.store.epochs() if e.id > self._held.epoch]
+        # records first: an epoch listed above was committed after every record it names
+        generation = self.store.record_generation
+        if self._records is not None and generation != self._generation:
+            sent = sync_records(self.store, self._replica.bucket, self._replica.seal, self._collections, self._records)
+            self._generation = generation
+            self._add(skipped=0, sent=sent)
         if len(waiting) > self.config.max_queue:
             self._add(skipped=len(waiting) - self.config.max_queue)
             waiting = waiting[-self.config.max_queue:]
@@ -205,6 +219,7 @@ class Replicator:
         with self._lock:
             self._status = replace(self._status, **changes)  # type: ignore[arg-type]
 
-    def _add(self, skipped: int) -> None:
+    def _add(self, skipped: int, sent: int = 0) -> None:
         with self._lock:
-            self._status = replace(self._status, skipped=self._status.skipped + skipped)
+            st = self._status
+            self._status = replace(st, skipped=st.skipped + skipped, sent_bytes=st.sent_bytes + sent)

@@ -9,13 +9,15 @@ for any local epoch, so another model is refused (CapsuleMismatch).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..store import Store
+from ..store import Collection, Store
 from .bucket import ObjectStore, S3Bucket
 from .errors import FleetConflict, FleetError, RemoteCorrupt
+from .records import SDK_COLLECTIONS, list_remote, restore_records, sync_records
 from .replica import Replica, RemoteInfo
 from .upload import Held, Throttle, upload_epoch
 from .wire import RemoteEpoch, Seal
@@ -30,6 +32,7 @@ class Pulled:
     pages: int
     page_bytes: int
     seconds: float
+    records: int = 0     # keyed records (memory facts, links) copied with it
 
 
 @dataclass(frozen=True)
@@ -60,27 +63,35 @@ def remote_epochs(url: str, *, sign_key: bytes | None = None, bucket: ObjectStor
 
 def pull(url: str, dest: str | os.PathLike, *, epoch: int | str | None = None, sign_key: bytes | None = None,
          store_key: bytes | None = None, bucket: ObjectStore | None = None,
-         progress: Progress | None = None) -> Pulled:
-    """Copy one remote epoch (default: the newest; an id, or a name) into a new store at dest.
-    Everything is verified before the store is written; dest must hold no epoch (FleetConflict).
-    sign_key: the fleet key the replica is signed with; store_key: the new store's own key."""
+         progress: Progress | None = None, collections: tuple[Collection, ...] = SDK_COLLECTIONS) -> Pulled:
+    """Copy one remote epoch (default: the newest; an id, or a name) into a new store at dest, with
+    the replica's keyed records (memory facts) under their ids. The epoch is verified before the
+    store is made; dest must hold no epoch and no record (FleetConflict). sign_key: the fleet key
+    the replica is signed with; store_key: the new store's own key."""
     began = time.monotonic()
     replica = open_replica(url, sign_key, bucket)
     card = _card(replica, url)
     ep = _pick(replica, card.store_id, epoch, url)
     pages = replica.read_pages(ep, None if progress is None else lambda d, t: progress("pages", d, t))
     meta = {**ep.meta, "fleet": {"from": url, "store": ep.store_id, "epoch": ep.epoch}}
-    with Store.open(dest, sign_key=store_key) as store:
-        if store.latest_epoch() is not None:
-            raise FleetConflict(f"{store.path} already holds epochs; pull into a new folder")
-        items = ((r, i, pages[r][i]) for r in sorted(pages) for i in sorted(pages[r]))
-        info = store.write_epoch(items, ep.app, name=ep.name, meta=meta)
-    return Pulled(ep.epoch, info.id, ep.n_pages(), ep.page_bytes(), time.monotonic() - began)
+    made = not os.path.lexists(dest)
+    try:
+        with Store.open(dest, sign_key=store_key) as store:
+            if store.latest_epoch() is not None or any(store.count_records(c) for c in collections):
+                raise FleetConflict(f"{store.path} already holds epochs or records; pull into a new folder")
+            records = restore_records(replica.bucket, replica.seal, store, collections, url)
+            items = ((r, i, pages[r][i]) for r in sorted(pages) for i in sorted(pages[r]))
+            info = store.write_epoch(items, ep.app, name=ep.name, meta=meta)
+    except BaseException:
+        if made:     # a store this pull made holds nothing acknowledged: leave no half-pulled folder
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return Pulled(ep.epoch, info.id, ep.n_pages(), ep.page_bytes(), time.monotonic() - began, records)
 
 
 def push(store_path: str | os.PathLike, url: str, *, sign_key: bytes | None = None, store_key: bytes | None = None,
          bucket: ObjectStore | None = None, max_bytes_per_s: float | None = None,
-         progress: Progress | None = None) -> Pushed:
+         progress: Progress | None = None, collections: tuple[Collection, ...] = SDK_COLLECTIONS) -> Pushed:
     """Replicate every retained epoch the remote lacks (a one-off backup; the store must not be open
     elsewhere: StoreLocked)."""
     began = time.monotonic()
@@ -95,7 +106,8 @@ def push(store_path: str | os.PathLike, url: str, *, sign_key: bytes | None = No
             except RemoteCorrupt:
                 held = Held(epoch=ids[-1])
         todo = [e for e in store.epochs() if e.id > held.epoch]
-        throttle, sent, done = Throttle(max_bytes_per_s), 0, []
+        sent = sync_records(store, replica.bucket, replica.seal, collections, list_remote(replica.bucket))
+        throttle, done = Throttle(max_bytes_per_s), []
         for n, info in enumerate(todo):
             got = upload_epoch(store, replica, info, held, throttle)
             sent += got.sent_bytes

@@ -55,14 +55,20 @@ class Keyed:
         return self._current_index()
 
     # -- write --------------------------------------------------------------------------------
-    def put(self, coll: Collection, row: Any, blob: Any, cache: Any = None) -> int:
+    def put(self, coll: Collection, row: Any, blob: Any, cache: Any = None, at: int | None = None) -> int:
         row = check_row(_coll(coll), row)
         cache = check_cache(cache)
         data = keyedrecord.encode(self._commit.store_id, row, as_bytes_view(blob, "blob"))
+        if at is not None and record_id(at) is None:
+            raise ValueError(f"record_id must be an int >= 1, got {at!r}")
         with self._wlock:
             self._check_open()
             with self._lock:
                 rid = keyeddb.next_id(self._index, coll.name)
+                if at is not None and at < rid:
+                    raise ValueError(f"{coll.name} {at} is, or was, used in store {self.path}: ids are never "
+                                     f"reused (the lowest free one is {rid})")
+                rid = rid if at is None else at
             self._commit.commit_record(
                 KIND_RECORD, 1, coll.name, rid, data, f"writing {coll.name} {rid}",
                 lambda c, ref: keyeddb.put(c, coll.name, rid, row, ref, cache))

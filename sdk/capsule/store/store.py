@@ -225,11 +225,14 @@ class Store:
         return self._reads.newest_valid(accept, max_page_bytes, max_manifest_bytes)
 
     # -- keyed records (keyed.py; a damaged index is rebuilt once, then asked again) ------------
-    def put_record(self, collection: Collection, row: dict[str, Any], blob: Any, *, cache: Any = None) -> int:
+    def put_record(self, collection: Collection, row: dict[str, Any], blob: Any, *, cache: Any = None,
+                   record_id: int | None = None) -> int:
         """Store a new record of `collection`: its row (exactly the declared columns, each of its type)
         and an opaque blob (at most 1 GiB); cache: an optional index-only blob (see set_record_cache).
-        Returns its id (ids only grow, never reused). Durable when it returns; staged epochs commit first."""
-        return self._heal.writing(lambda: self._keyed.put(collection, row, blob, cache))
+        Returns its id (ids only grow, never reused). Durable when it returns; staged epochs commit first.
+        record_id: this id instead of the next one (a copy keeping another store's ids); it must be
+        one never used here (ValueError otherwise), and ids after it continue from it."""
+        return self._heal.writing(lambda: self._keyed.put(collection, row, blob, cache, record_id))
 
     def replace_record(self, collection: Collection, record_id: int, row: dict[str, Any], blob: Any, *,
                        same: tuple[str, ...] = ()) -> None:
