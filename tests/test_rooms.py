@@ -1,6 +1,6 @@
 """The package's rooms (DESIGN.md, "Layout"): who may import whom, read from the source with `ast`.
 
-DESIGN's dependency rule, top to bottom: cli -> control, bench (under tools/) -> session -> memory, policy -> llm
+DESIGN's dependency rule, top to bottom: cli -> control, bench (under tools/) -> session -> fleet -> memory, policy -> llm
 -> state -> tokenize, store -> edge_kernels, devices, errors. A lower room never imports a
 higher one. Imports are read statically (module level, inside functions, under TYPE_CHECKING);
 an `importlib.import_module` string is not seen, so keep those inside one room.
@@ -31,6 +31,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("capsule",),            # the package root
     ("control",),
     ("session",),            # session.py, session_*.py, assembly.py: the composition of the parts
+    ("fleet",),              # replication to object storage, fleet memory (over the store and memory)
     ("memory", "policy"),
     ("llm",),
     ("state",),
