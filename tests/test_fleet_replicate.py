@@ -231,3 +231,17 @@ def _child_mem(store) -> dict:
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_an_epoch_from_another_store_is_refused_even_under_the_same_key(tmp_path, s3):
+    for name in ("a", "b"):
+        with Session.open(tmp_path / name, device="cpu", runtime=RT,
+                          replicate={"url": f"{s3}-{name}", "sign_key": KEY}) as s:
+            s.append(TALK if name == "a" else "another robot's day\n")
+            s.checkpoint()
+    theirs = S3Bucket(f"{s3}-a").get(epoch_key(1), max_bytes=1 << 26)
+    mine = S3Bucket(f"{s3}-b")
+    mine.delete(epoch_key(1))
+    assert mine.put(epoch_key(1), theirs, if_absent=True)     # robot a's signed epoch, planted in b's replica
+    with pytest.raises(RemoteCorrupt, match="belongs to store"):
+        pull(f"{s3}-b", tmp_path / "c", sign_key=KEY)

@@ -71,6 +71,8 @@ class Replicator:
     def start(self) -> "Replicator":
         if self._thread is not None:
             raise ValueError("this Replicator was started already")
+        if self._bucket is None:     # no network yet; a missing boto3 is told here, not on the thread
+            self._bucket = S3Bucket(self.config.url)
         self._unsubscribe = self.store.on_commit(lambda infos: self._wake.set())
         self._thread = threading.Thread(target=self._run, name=f"capsule-replicate {self.config.url}", daemon=True)
         self._thread.start()
@@ -160,8 +162,8 @@ class Replicator:
                 return
 
     def _connect(self) -> None:
-        bucket = self._bucket if self._bucket is not None else S3Bucket(self.config.url)
-        self._bucket = bucket
+        bucket = self._bucket
+        assert bucket is not None
         replica = Replica(bucket, Seal(self.config.sign_key))
         replica.claim(self.store.store_id, time.time())
         ids = replica.epoch_ids()

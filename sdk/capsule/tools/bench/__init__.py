@@ -1,7 +1,7 @@
 """`capsule bench` suites: a registry of name -> suite function, and the common options.
 
 A suite takes BenchOptions and returns a SuiteResult; `run_suite` writes its report.
-New suites (capsules, tokenize, memory, control) plug in by adding one entry to SUITES.
+New suites (capsules, tokenize, memory, control, fleet) plug in by adding one entry to SUITES.
 """
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ def _lazy(module: str) -> Suite:
 SUITES: Mapping[str, Suite] = MappingProxyType({
     "decode": _lazy("decode"), "capsules": _lazy("capsules"), "tokenize": _lazy("tokenize"),
     "tokenize-diff": _lazy("tokenize_diff"), "tokenize-bpe": _lazy("tokenize_bpe"),
-    "memory": _lazy("memory"), "control": _lazy("control"), "reliability": _lazy("reliability")})
+    "memory": _lazy("memory"), "control": _lazy("control"), "fleet": _lazy("fleet"),
+    "reliability": _lazy("reliability")})
 
 
 SECTIONED = frozenset({"memory"})   # suites whose run honours BenchOptions.only

@@ -34,7 +34,7 @@ class Driver(threading.Thread):
         self.newest = 0                      # the main thread's latest committed epoch
         self.t: dict[str, float] = {}
         self.seen: dict[str, Any] = {}
-        self.done = threading.Event()
+        self.done, self.cancel = threading.Event(), threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -46,13 +46,15 @@ class Driver(threading.Thread):
             self.done.set()
 
     def _run(self) -> None:
-        time.sleep(self.pre_s)
+        if self.cancel.wait(self.pre_s):
+            return
         ports = dict(self.server.ports)
         self.seen["remote_at_kill"] = self.rep.status.remote_epoch
         self.seen["skipped_at_kill"] = self.rep.status.skipped
         self.t["kill"] = time.perf_counter()
         self.server.kill()
-        time.sleep(self.outage_s)
+        if self.cancel.wait(self.outage_s):     # interrupted: the owner stops the server, never restart it
+            return
         st = self.rep.status
         self.seen.update(error_during_outage=st.last_error, connected_at_restart=st.connected,
                          remote_at_restart=st.remote_epoch)
@@ -63,7 +65,7 @@ class Driver(threading.Thread):
             raise RuntimeError(f"the restarted S3 server moved to other ports ({ports} -> {self.server.ports})")
         self.seen["backlog_target"] = target = self.newest
         end = self.t["ready"] + self.timeout_s
-        while time.perf_counter() < end:
+        while time.perf_counter() < end and not self.cancel.is_set():
             st, now = self.rep.status, time.perf_counter()
             if st.connected and "connected" not in self.t:
                 self.t["connected"] = now
@@ -72,7 +74,7 @@ class Driver(threading.Thread):
             if "backlog" in self.t and st.remote_epoch >= self.newest:
                 self.t["live"] = now
                 break
-            time.sleep(POLL_S)
+            self.cancel.wait(POLL_S)
 
 
 def _phase(lat: list[float]) -> dict[str, Any]:
@@ -91,17 +93,21 @@ def outage(s: Session, server: LoopbackS3, *, pre_s: float, outage_s: float, pos
     commits: list[tuple[float, float, int]] = []     # (start, seconds, epoch)
     t0, k = time.perf_counter(), 0
     drv.start()
-    while not drv.done.is_set() or time.perf_counter() < drv.t.get("live", drv.t.get("ready", 0.0)) + post_s:
-        time.sleep(max(0.0, t0 + k * period_s - time.perf_counter()))
-        s.generate(NEW_TOKENS)
-        a = time.perf_counter()
-        epoch = s.checkpoint()
-        commits.append((a, time.perf_counter() - a, epoch))
-        drv.newest = epoch
-        k = max(k + 1, int((time.perf_counter() - t0) / period_s) + 1)   # late: keep the grid
-    drv.join()
+    try:
+        while not drv.done.is_set() or time.perf_counter() < drv.t.get("live", drv.t.get("ready", 0.0)) + post_s:
+            time.sleep(max(0.0, t0 + k * period_s - time.perf_counter()))
+            s.generate(NEW_TOKENS)
+            a = time.perf_counter()
+            epoch = s.checkpoint()
+            commits.append((a, time.perf_counter() - a, epoch))
+            drv.newest = epoch
+            k = max(k + 1, int((time.perf_counter() - t0) / period_s) + 1)   # late: keep the grid
+    finally:                                    # Ctrl-C too: no server start after the owner stopped it
+        drv.cancel.set()
+        drv.join()
     if drv.error is not None:
         raise drv.error
+    settled = rep.wait(timeout_s)               # the post-outage commits too, before counting what is there
     t, seen, st = drv.t, drv.seen, rep.status
     during = [c for c in commits if t["kill"] <= c[0] < t["ready"]]
     remote = set(Replica(S3Bucket(rep.config.url), Seal(sign_key)).epoch_ids())
@@ -120,7 +126,7 @@ def outage(s: Session, server: LoopbackS3, *, pre_s: float, outage_s: float, pos
         "reconnect_s": t["connected"] - ready if "connected" in t else None,
         "catch_up_s": t["backlog"] - ready if "backlog" in t else None,
         "live_s": t["live"] - ready if "live" in t else None,
-        "caught_up": "live" in t, "remote_epoch": st.remote_epoch, "newest_epoch": commits[-1][2],
+        "caught_up": "live" in t and settled, "remote_epoch": st.remote_epoch, "newest_epoch": commits[-1][2],
         "skipped": st.skipped - seen["skipped_at_kill"], "not_on_remote": len(missing),
         "checkpoint_before": _phase([c[1] for c in commits if c[0] < t["kill"]]),
         "checkpoint_during": _phase([c[1] for c in during]),

@@ -23,7 +23,8 @@ from . import SECTIONED, SUITES, BenchOptions, run_suite
 from .plots import PLOTS, draw_plots
 from .report import format_table, machine_info
 
-ORDER = ("decode", "capsules", "tokenize", "tokenize-diff", "tokenize-bpe", "memory", "control", "reliability")
+ORDER = ("decode", "capsules", "tokenize", "tokenize-diff", "tokenize-bpe", "memory", "control", "fleet",
+         "reliability")
 # --quick over several suites must end in ~3 minutes on a 2-core CPU: the memory suite then runs
 # these sections only (its accuracy and deviation sections alone take a minute), and the
 # reliability campaign this many store SIGKILLs (its other sizes scale with it) unless --steps
