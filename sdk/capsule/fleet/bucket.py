@@ -176,8 +176,8 @@ def _client(connect_timeout: float, read_timeout: float, attempts: int) -> Any:
         from botocore.config import Config
     except ImportError as exc:
         raise RemoteUnavailable(f"replication needs boto3 ({exc}): pip install 'exec-capsules[fleet]'") from None
-    # no instance-metadata probing for credentials on a robot's closed network (it would hang ~2 s)
-    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    # credentials as boto3 finds them (variables, config files, an instance role on a base station on
+    # EC2: its metadata probe is bounded, 1 s by default; AWS_EC2_METADATA_DISABLED=true skips it)
     style = "path" if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") else "auto"
     config = Config(connect_timeout=connect_timeout, read_timeout=read_timeout,
                     retries={"max_attempts": attempts, "mode": "standard"}, s3={"addressing_style": style},
