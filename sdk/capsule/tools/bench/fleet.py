@@ -13,10 +13,11 @@ fleet_loop / fleet_outage / fleet_pull; this module runs them in order and makes
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,8 +37,8 @@ BUCKET = "fleet"
 SIGN_KEY = b"capsule-bench-fleet-key-0123456789"   # signed replicas, as a fleet runs them (HMAC per epoch)
 GROW_CONTEXT = 1024                  # the throughput session's transcript: its first, whole epoch
 EPOCHS, QUICK_EPOCHS = 40, 10        # delta epochs after it (opts.steps overrides)
-LOOP_TICKS, QUICK_LOOP_TICKS = 2000, 300     # per mode (opts.steps overrides)
-LOOP_BLOCKS, QUICK_LOOP_BLOCKS = 4, 2
+LOOP_TICKS, QUICK_LOOP_TICKS = 3000, 300     # per mode (opts.steps overrides)
+LOOP_BLOCKS, QUICK_LOOP_BLOCKS = 6, 2
 OUTAGE_S, QUICK_OUTAGE_S = 30.0, 5.0
 PRE_S, QUICK_PRE_S, POST_S = 3.0, 1.5, 1.0
 COMMIT_PERIOD_S = 0.25               # the robot's conversation commits 4 epochs a second through the outage
@@ -58,12 +59,14 @@ NOTES = (
     "busy = step + the capsule it took; blocks alternate off/on (ABBA), a fresh Session each",
     "outage: the replicator retries with its default backoff (retry_s doubling to retry_max_s): after a long "
     "outage the first retry may come well after the server is back (reconnect_s)",
+    "retention: keep_epochs is raised to 1024 so that max_queue bounds the backlog; with the profile default "
+    "(x86-cpu: 8), retention drops older waiting epochs first, and those are not counted in status.skipped",
     "pull vs cold: fresh child processes, medians; imports (boto3 included) and the interpreter's start are "
     "excluded and reported apart; both include loading the model",
 )
 
 
-@contextmanager
+@contextlib.contextmanager
 def loopback_s3(folder: Path) -> Iterator[tuple[LoopbackS3, float]]:
     """A started server with the AWS variables pointing at it and the bucket made; on exit (Ctrl-C
     included) the server stops and os.environ is as it was."""
@@ -84,6 +87,18 @@ def loopback_s3(folder: Path) -> Iterator[tuple[LoopbackS3, float]]:
                 os.environ[k] = v
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _server_dir(stack: contextlib.ExitStack, tmp: Path) -> Path:
+    """The server's folder: in tmp, unless that path is too long for the unix sockets weed binds
+    there (108 bytes on Linux; e.g. a TMPDIR deep in pytest's tmp_path); then one of its own in /tmp."""
+    if len(str(tmp / "weed" / "filer.sock").encode()) < 100:
+        return tmp / "weed"
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="capsule-weed-", dir="/tmp")))
+
+
 def _tables(r: dict[str, Any], load: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
     g, p, lp, o, m = r["throughput"], r["push"], r["loop"], r["outage"], r["second_machine"]
     tput = [{"path": "background replicator", "epochs": g["epochs"], "MB_sent": g["sent_bytes"] / 1e6,
@@ -93,17 +108,21 @@ def _tables(r: dict[str, Any], load: dict[str, float]) -> dict[str, list[dict[st
              "seconds": p["seconds"], "MB_s": p["mb_s"], "epochs_s": p["epochs_s"], "production_s": None,
              "lag_s": None, "caught_up": True}]
     per_epoch = [{"epoch": "first (whole)", "written_KB": g["first_written_bytes"] / 1e3,
-                  "sent_KB": g["first_sent_bytes"] / 1e3, "sent/written": g["first_sent_bytes"] / g["first_written_bytes"],
-                  "of_which_epoch_object_KB": None},
+                  "sent_KB": g["first_sent_bytes"] / 1e3,
+                  "sent/written": g["first_sent_bytes"] / g["first_written_bytes"],
+                  "of_which_epoch_object_KB": g["first_object_bytes"] / 1e3},
                  {"epoch": f"delta (+{NEW_TOKENS} tokens), p50", "written_KB": g["delta_written_p50"] / 1e3,
                   "sent_KB": g["delta_sent_p50"] / 1e3, "sent/written": g["delta_sent_over_written_p50"],
                   "of_which_epoch_object_KB": g["delta_object_p50"] / 1e3}]
     loop = [{"replicate": s["replicate"], "steps": s["steps"], "step_p50_ms": s["step_p50_ms"],
-             "step_p99_ms": s["step_p99_ms"], "busy_p99_ms": s["busy_p99_ms"], "ckpt_stall_p99_ms": s["ckpt_stall_p99_ms"],
+             "step_p99_ms": s["step_p99_ms"], "worst_block_p99_ms": max(s["block_step_p99_ms"]),
+             "busy_p99_ms": s["busy_p99_ms"], "ckpt_stall_p99_ms": s["ckpt_stall_p99_ms"],
              "jitter_p99_ms": s["jitter_p99_ms"], "misses": s["misses"], "missed_ticks": s["missed_ticks"],
              "p99_vs_off": s["step_p99_ms"] / lp["without"]["step_p99_ms"],
              "busy_p99_vs_off": s["busy_p99_ms"] / lp["without"]["busy_p99_ms"],
-             "epochs_uploaded": s.get("uploaded")} for s in (lp["without"], lp["with"])]
+             "epochs_uploaded": s.get("uploaded"),
+             "remote_B_per_epoch": s["remote_bytes"] / s["uploaded"] if s.get("uploaded") else None}
+            for s in (lp["without"], lp["with"])]
     catch = [{"outage_s": o["outage_s"], "committed_during": o["epochs_committed_during_outage"],
               "max_queue": o["max_queue"], "skipped": o["skipped"], "not_on_remote": o["not_on_remote"],
               "server_boot_s": o["server_boot_s"], "reconnect_s": o["reconnect_s"], "catch_up_s": o["catch_up_s"],
@@ -111,7 +130,8 @@ def _tables(r: dict[str, Any], load: dict[str, float]) -> dict[str, list[dict[st
     lat = [{"phase": ph, **o[f"checkpoint_{ph}"]} for ph in ("before", "during", "after")]
     ms = 1e3
     pull = [{"path": "pull + open + 1st token", "total_ms": m["pull_path_s"] * ms, "pull_ms": m["pull_s"] * ms,
-             "open_ms": m["pull_open_restore_s"] * ms, "append_ms": None, "first_token_ms": m["pull_first_token_s"] * ms},
+             "open_ms": m["pull_open_restore_s"] * ms, "append_ms": None,
+             "first_token_ms": m["pull_first_token_s"] * ms},
             {"path": "cold: open + append + 1st token", "total_ms": m["cold_s"] * ms, "pull_ms": None,
              "open_ms": m["cold_open_s"] * ms, "append_ms": m["cold_append_s"] * ms,
              "first_token_ms": m["cold_prefill_first_token_s"] * ms}]
@@ -139,28 +159,34 @@ def run(opts: BenchOptions) -> SuiteResult:
     pull_context, reps = (QUICK_PULL_CONTEXT, QUICK_REPS) if q else (PULL_CONTEXT, REPS)
     say = announcer("fleet", opts.progress)
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="capsule-bench-fleet-") as tmp, loopback_s3(Path(tmp) / "weed") as (srv, boot):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="capsule-bench-fleet-"))
+        srv, boot = stack.enter_context(loopback_s3(_server_dir(stack, Path(tmp))))
         work, url = Path(tmp), f"s3://{BUCKET}/bench"
         load = {"usable_cores": _usable_cores(), "start": os.getloadavg()[0]}
         t0 = time.perf_counter()
         say(f"S3 server (weed mini) up in {boot:.2f} s at {srv.endpoint}")
-        robot = Replication(f"{url}/robot", sign_key=SIGN_KEY, max_queue=max_queue,
-                            close_timeout_s=5)     # caught up by then, unless interrupted mid-outage
-        with Session.open(work / "robot", model=opts.model, device=opts.device, runtime=RUNTIME,
-                          keep_epochs=KEEP_EPOCHS, replicate=robot) as s:
+        # the default queue while measuring throughput; the outage reopens the store with max_queue (the
+        # robot restarted: it restores its capsule and the replicator resumes where the remote stands)
+        open_robot = functools.partial(Session.open, work / "robot", model=opts.model, device=opts.device,
+                                       runtime=RUNTIME, keep_epochs=KEEP_EPOCHS)
+        with open_robot(replicate=Replication(f"{url}/robot", sign_key=SIGN_KEY)) as s:
             say(f"throughput: {GROW_CONTEXT} tokens, then {epochs} epochs of +{NEW_TOKENS} tokens, replicated")
             text = transcripts(s.tokenizer, [GROW_CONTEXT])[GROW_CONTEXT]
             results["throughput"] = g = grow(s, text, epochs, opts.progress)
             say(f"throughput: {g['mb_s']:.2f} MB/s, {g['epochs_s']:.1f} epochs/s (lag {g['lag_s'] * 1e3:.0f} ms); "
                 f"a delta sends {g['delta_sent_p50'] / 1e3:.0f} KB for {g['delta_written_p50'] / 1e3:.0f} KB written")
             load["after_throughput"] = os.getloadavg()[0]
+        robot = Replication(f"{url}/robot", sign_key=SIGN_KEY, max_queue=max_queue,
+                            close_timeout_s=5)     # caught up by then, unless interrupted mid-outage
+        with open_robot(replicate=robot) as s:
             say(f"outage: S3 killed for {outage_s:g} s while committing every {COMMIT_PERIOD_S} s "
                 f"(max_queue {max_queue})")
-            results["outage"] = o = outage(s, srv, pre_s=pre_s, outage_s=outage_s, post_s=POST_S,
-                                           period_s=COMMIT_PERIOD_S, timeout_s=CATCH_UP_TIMEOUT_S, sign_key=SIGN_KEY)
-            say(f"outage: caught up {o['catch_up_s']} s after the restart (reconnect {o['reconnect_s']} s), "
-                f"{o['skipped']} skipped; checkpoint p99 before {o['checkpoint_before']['p99_ms']} ms, "
-                f"during {o['checkpoint_during']['p99_ms']} ms")
+            results["outage"] = o = outage(s, robot, srv, pre_s=pre_s, outage_s=outage_s, post_s=POST_S,
+                                           period_s=COMMIT_PERIOD_S, timeout_s=CATCH_UP_TIMEOUT_S)
+            say(f"outage: caught up {_num(o['catch_up_s'])} s after the server was back (reconnect "
+                f"{_num(o['reconnect_s'])} s), {o['skipped']} skipped; checkpoint p99 before "
+                f"{_num(o['checkpoint_before']['p99_ms'])} ms, during {_num(o['checkpoint_during']['p99_ms'])} ms")
             load["after_outage"] = os.getloadavg()[0]
         say("push: the same store to a fresh prefix, one-off")
         results["push"] = p = one_off_push(work / "robot", f"{url}/pushed", SIGN_KEY)
@@ -183,7 +209,8 @@ def run(opts: BenchOptions) -> SuiteResult:
         settings = {"model": opts.model, "device": opts.device, "quick": q, "runtime": RUNTIME,
                     "server": "SeaweedFS weed mini on 127.0.0.1 (capsule.tools.s3_server.LoopbackS3)",
                     "server_boot_s": boot, "signed": True, "grow_context": GROW_CONTEXT, "delta_epochs": epochs,
-                    "new_tokens_per_epoch": NEW_TOKENS, "keep_epochs": KEEP_EPOCHS, "max_queue": max_queue,
+                    "new_tokens_per_epoch": NEW_TOKENS, "keep_epochs": KEEP_EPOCHS,
+                    "max_queue": f"{max_queue} in the outage (throughput: the default)",
                     "loop_ticks_per_mode": ticks, "loop_blocks": blocks, "outage_s": outage_s,
                     "outage_commit_period_s": COMMIT_PERIOD_S, "outage_new_tokens": OUTAGE_TOKENS,
                     "pull_context": pull_context, "reps": reps, "temp_dir": tmp, "notes": list(NOTES)}

@@ -20,6 +20,7 @@ from ...control import ControlLoop, MonotonicClock
 from ...fleet import Replication
 from ...session import Session
 from .control import CHAT_TOKENS, CHECKPOINT_EVERY, KV_POOL_MB, LLM_MODEL, LOOP_POLICY
+from .fleet_throughput import remote_bytes, wait_remote
 from .timing import percentile
 
 HZ = 100
@@ -36,9 +37,8 @@ def _block(root: Path, device: str, ticks: int, replicate: Replication | None) -
         for _ in range(WARMUP_ACTS):
             s.act(obs)
         s.checkpoint()                                   # the whole first capsule: out of the timed loop
-        rep = s._replicator
-        if rep is not None and not rep.wait(60):
-            raise RuntimeError(f"the first capsule did not reach {replicate.url}: {rep.status}")
+        if replicate is not None and not wait_remote(s, 60):
+            raise RuntimeError(f"the first capsule did not reach {replicate.url}: {s.replication}")
         before = s.replication
 
         def step(tick: int) -> None:
@@ -49,7 +49,7 @@ def _block(root: Path, device: str, ticks: int, replicate: Replication | None) -
         st = loop.run(step, ticks)
         t = loop.timings()
         s.flush()
-        caught = rep.wait(30) if rep is not None else None
+        caught = wait_remote(s, 30) if replicate is not None else None
         after = s.replication
     stalls = t["checkpoint_stall_s"]
     # a tick's busy time: its step plus the capsule it took (what the deadline sees)
@@ -58,9 +58,11 @@ def _block(root: Path, device: str, ticks: int, replicate: Replication | None) -
     out = {"steps": st.steps, "misses": st.misses, "misses_with_checkpoint": st.misses_with_checkpoint,
            "missed_ticks": st.missed_ticks, "step_s": t["step_s"], "busy_s": busy, "stall_s": stalls,
            "jitter_s": t["jitter_s"], "caught_up": caught}
-    if before is not None and after is not None:
-        out.update(uploaded=after.uploaded - before.uploaded, sent_bytes=after.sent_bytes - before.sent_bytes,
-                   remote_epoch=after.remote_epoch, last_error=after.last_error)
+    if replicate is not None and before is not None and after is not None:
+        held = [v for e, v in remote_bytes(replicate.url).items() if e > before.remote_epoch]
+        out.update(uploaded=after.uploaded - before.uploaded, remote_epoch=after.remote_epoch,
+                   remote_bytes=sum(v["pack_bytes"] + v["object_bytes"] for v in held),
+                   object_bytes=sum(v["object_bytes"] for v in held), last_error=after.last_error)
     return out
 
 
@@ -73,10 +75,12 @@ def _summary(blocks: list[dict[str, Any]], replicate: bool) -> dict[str, Any]:
            "missed_ticks": sum(b["missed_ticks"] for b in blocks),
            "step_p50_ms": q("step_s", 50), "step_p99_ms": q("step_s", 99), "step_max_ms": q("step_s", 100),
            "busy_p99_ms": q("busy_s", 99), "ckpt_stall_p50_ms": q("stall_s", 50),
-           "ckpt_stall_p99_ms": q("stall_s", 99), "jitter_p99_ms": q("jitter_s", 99)}
+           "ckpt_stall_p99_ms": q("stall_s", 99), "jitter_p99_ms": q("jitter_s", 99),
+           "block_step_p99_ms": [percentile(b["step_s"], 99) * 1e3 for b in blocks]}   # the spread between blocks
     if replicate:
         out.update(caught_up=all(b["caught_up"] for b in blocks), uploaded=sum(b["uploaded"] for b in blocks),
-                   sent_bytes=sum(b["sent_bytes"] for b in blocks),
+                   remote_bytes=sum(b["remote_bytes"] for b in blocks),
+                   object_bytes=sum(b["object_bytes"] for b in blocks),
                    checkpoints=sum(len(b["stall_s"]) for b in blocks),
                    errors=[b["last_error"] for b in blocks if b["last_error"]])
     return out

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from ...fleet import Replicator, S3Bucket
+from ...fleet import Replication, ReplicationStatus, S3Bucket
 from ...fleet.replica import Replica
 from ...fleet.wire import Seal
 from ...session import Session
 from ..s3_server import LoopbackS3
+from .fleet_throughput import wait_remote
 from .timing import percentile
 
 NEW_TOKENS = 4
@@ -27,9 +28,10 @@ POLL_S = 0.01
 class Driver(threading.Thread):
     """kill -> outage_s -> start, then poll the replicator until the remote is live again."""
 
-    def __init__(self, server: LoopbackS3, rep: Replicator, pre_s: float, outage_s: float, timeout_s: float):
+    def __init__(self, server: LoopbackS3, status: Callable[[], ReplicationStatus], pre_s: float,
+                 outage_s: float, timeout_s: float):
         super().__init__(name="capsule-bench-outage", daemon=True)
-        self.server, self.rep = server, rep
+        self.server, self.status = server, status
         self.pre_s, self.outage_s, self.timeout_s = pre_s, outage_s, timeout_s
         self.newest = 0                      # the main thread's latest committed epoch
         self.t: dict[str, float] = {}
@@ -49,13 +51,13 @@ class Driver(threading.Thread):
         if self.cancel.wait(self.pre_s):
             return
         ports = dict(self.server.ports)
-        self.seen["remote_at_kill"] = self.rep.status.remote_epoch
-        self.seen["skipped_at_kill"] = self.rep.status.skipped
+        st = self.status()
+        self.seen["remote_at_kill"], self.seen["skipped_at_kill"] = st.remote_epoch, st.skipped
         self.t["kill"] = time.perf_counter()
         self.server.kill()
         if self.cancel.wait(self.outage_s):     # interrupted: the owner stops the server, never restart it
             return
-        st = self.rep.status
+        st = self.status()
         self.seen.update(error_during_outage=st.last_error, connected_at_restart=st.connected,
                          remote_at_restart=st.remote_epoch)
         self.t["start"] = time.perf_counter()
@@ -66,9 +68,11 @@ class Driver(threading.Thread):
         self.seen["backlog_target"] = target = self.newest
         end = self.t["ready"] + self.timeout_s
         while time.perf_counter() < end and not self.cancel.is_set():
-            st, now = self.rep.status, time.perf_counter()
+            st, now = self.status(), time.perf_counter()
             if st.connected and "connected" not in self.t:
                 self.t["connected"] = now
+            elif not st.connected and st.last_error not in (None, self.seen["error_during_outage"]):
+                self.seen.setdefault("error_after_restart", st.last_error)   # a retry failed on the live server
             if st.remote_epoch >= target and "backlog" not in self.t:
                 self.t["backlog"] = now
             if "backlog" in self.t and st.remote_epoch >= self.newest:
@@ -84,12 +88,11 @@ def _phase(lat: list[float]) -> dict[str, Any]:
             "max_ms": max(lat) * 1e3}
 
 
-def outage(s: Session, server: LoopbackS3, *, pre_s: float, outage_s: float, post_s: float, period_s: float,
-           timeout_s: float, sign_key: bytes | None) -> dict[str, Any]:
-    """Commit every period_s through an outage of outage_s; see the module docstring."""
-    rep = s._replicator
-    assert rep is not None, "outage() needs a replicating Session"
-    drv = Driver(server, rep, pre_s, outage_s, timeout_s)
+def outage(s: Session, config: Replication, server: LoopbackS3, *, pre_s: float, outage_s: float, post_s: float,
+           period_s: float, timeout_s: float) -> dict[str, Any]:
+    """Commit every period_s through an outage of outage_s; s replicates with `config`. See the module
+    docstring."""
+    drv = Driver(server, lambda: s.replication, pre_s, outage_s, timeout_s)
     commits: list[tuple[float, float, int]] = []     # (start, seconds, epoch)
     t0, k = time.perf_counter(), 0
     drv.start()
@@ -107,20 +110,20 @@ def outage(s: Session, server: LoopbackS3, *, pre_s: float, outage_s: float, pos
         drv.join()
     if drv.error is not None:
         raise drv.error
-    settled = rep.wait(timeout_s)               # the post-outage commits too, before counting what is there
-    t, seen, st = drv.t, drv.seen, rep.status
+    settled = wait_remote(s, timeout_s)         # the post-outage commits too, before counting what is there
+    t, seen, st = drv.t, drv.seen, s.replication
     during = [c for c in commits if t["kill"] <= c[0] < t["ready"]]
-    remote = set(Replica(S3Bucket(rep.config.url), Seal(sign_key)).epoch_ids())
+    remote = set(Replica(S3Bucket(config.url), Seal(config.sign_key)).epoch_ids())
     after_kill = [c[2] for c in commits if c[2] > seen["remote_at_kill"]]
     missing = [e for e in after_kill if e not in remote]
     ready = t["ready"]
     return {
         "outage_s": t["start"] - t["kill"], "server_boot_s": seen["boot_s"],
         "epochs_committed_during_outage": len(during), "epochs_committed": len(commits),
-        "commit_period_s": period_s, "max_queue": rep.config.max_queue,
-        "retry_s": rep.config.retry_s, "retry_max_s": rep.config.retry_max_s,
+        "commit_period_s": period_s, "max_queue": config.max_queue,
+        "retry_s": config.retry_s, "retry_max_s": config.retry_max_s,
         "outage_noticed": seen["error_during_outage"] is not None and not seen["connected_at_restart"],
-        "last_error_during_outage": seen["error_during_outage"],
+        "last_error_during_outage": seen["error_during_outage"], "error_after_restart": seen.get("error_after_restart"),
         "remote_epoch_at_kill": seen["remote_at_kill"], "remote_epoch_at_restart": seen["remote_at_restart"],
         "backlog_target_epoch": seen["backlog_target"],
         "reconnect_s": t["connected"] - ready if "connected" in t else None,

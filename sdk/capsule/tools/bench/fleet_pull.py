@@ -21,6 +21,7 @@ from typing import Any
 from ...fleet import Replication
 from ...session import Session
 from .capsules_restore import transcripts
+from .fleet_throughput import wait_remote
 from .timing import progress
 
 CONTINUE = 8                    # tokens compared after the restore
@@ -63,9 +64,8 @@ def source(path: Path, model: str, device: str, runtime: dict[str, Any], context
         s.append(text)
         s.generate(1)
         epoch = s.checkpoint()
-        assert s._replicator is not None
         t0 = time.perf_counter()
-        if not s._replicator.wait(120):
+        if not wait_remote(s, 120):
             raise RuntimeError(f"the source capsule did not reach {replicate.url}: {s.replication}")
         upload_s = time.perf_counter() - t0
         n = len(s.tokens())

@@ -24,7 +24,24 @@ from .timing import progress
 
 NEW_TOKENS = 8                  # as the capsules suite's delta epochs: comparable bytes per epoch
 CATCH_UP_TIMEOUT_S = 120.0
+POLL_S = 0.01
 _KEY = re.compile(r"(packs|epochs)/(\d{20})[-.]")
+
+
+def wait_remote(s: Session, timeout: float, epoch: int | None = None) -> bool:
+    """Poll s.replication until the remote holds `epoch` (default: the newest committed epoch; after
+    checkpoint(wait=False), flush first). False on timeout, or when replication failed for good."""
+    target = epoch if epoch is not None else max((e.id for e in s.epochs()), default=0)
+    end = time.monotonic() + timeout
+    while True:
+        st = s.replication
+        if st is None:
+            raise ValueError("this Session does not replicate (Session.open(..., replicate=...))")
+        if st.remote_epoch >= target:
+            return True
+        if st.failed or time.monotonic() >= end:
+            return False
+        time.sleep(POLL_S)
 
 
 def remote_bytes(url: str) -> dict[int, dict[str, int]]:
@@ -40,8 +57,6 @@ def remote_bytes(url: str) -> dict[int, dict[str, int]]:
 
 def grow(s: Session, text: str, epochs: int, show: bool) -> dict[str, Any]:
     """The first (whole) epoch of `text`, then `epochs` deltas; timed to the remote catching up."""
-    rep = s._replicator
-    assert rep is not None, "grow() needs a replicating Session"
     s.append(text)
     s.generate(1)                                   # prefilled, so the first capsule holds the KV
     t_first = time.perf_counter()                   # from the first checkpoint call (its commit follows)
@@ -53,10 +68,10 @@ def grow(s: Session, text: str, epochs: int, show: bool) -> dict[str, Any]:
         bar.update(1)
     bar.close()
     t_last = time.perf_counter()
-    caught = rep.wait(CATCH_UP_TIMEOUT_S)
+    caught = wait_remote(s, CATCH_UP_TIMEOUT_S)
     t_done = time.perf_counter()
-    st, infos = rep.status, [e for e in s.epochs() if e.id >= first]
-    sent = remote_bytes(rep.config.url)
+    st, infos = s.replication, [e for e in s.epochs() if e.id >= first]
+    sent = remote_bytes(st.url)
     rows = [{"epoch": e.id, "written": e.bytes_written, **sent.get(e.id, {"pack_bytes": 0, "object_bytes": 0})}
             for e in infos]
     for r in rows:
@@ -78,6 +93,7 @@ def _per_epoch(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def med(key: str) -> float:
         return statistics.median(r[key] for r in deltas)
     return {"first_written_bytes": first["written"], "first_sent_bytes": first["sent"],
+            "first_object_bytes": first["object_bytes"],
             "delta_written_p50": med("written"), "delta_sent_p50": med("sent"),
             "delta_pack_p50": med("pack_bytes"), "delta_object_p50": med("object_bytes"),
             "delta_sent_over_written_p50": statistics.median(r["sent"] / r["written"] for r in deltas),
