@@ -4,13 +4,11 @@ verifies (no torn epoch is ever visible), the remote catches up, and the newest 
 the local store's."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest

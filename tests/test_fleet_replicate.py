@@ -95,8 +95,10 @@ def test_a_delta_sends_only_the_new_pages(tmp_path, s3):
         written = [(r, i) for r, pages in view.items() for i, e in pages.items() if e == e2]
         _, new_pages = s.store.load_epoch(e2, only=written)
         _, all_pages = s.store.load_epoch(e1)
-    assert first == sum(len(p) for pp in all_pages.values() for p in pp.values())  # the first went whole
-    assert second == sum(len(p) for pp in new_pages.values() for p in pp.values())  # then only what e2 wrote
+    objects = dict(S3Bucket(s3).keys("epochs/"))          # each epoch also sends its epoch object
+    o1, o2 = objects[epoch_key(e1)], objects[epoch_key(e2)]
+    assert first - o1 == sum(len(p) for pp in all_pages.values() for p in pp.values())  # the first went whole
+    assert second - o2 == sum(len(p) for pp in new_pages.values() for p in pp.values())  # then only what e2 wrote
     assert 0 < second < first
 
 

@@ -16,10 +16,12 @@ class Replication:
     sign_key: the fleet key (>= 16 bytes): every epoch object is HMAC-signed with it and a puller
         needs it; None: SHA-256 only (catches damage, not forgery).
     max_queue: at most this many committed epochs wait; when the replicator falls further behind
-        (an outage), the oldest waiting ones are skipped: the newest always goes.
+        (an outage), the oldest waiting ones are skipped: the newest always goes. Local retention
+        (keep_epochs) drops epochs too: keep it >= max_queue for the queue to be what bounds.
     max_bytes_per_s: upload bandwidth cap (None: none).
     close_timeout_s: Session.close waits at most this long for the remote to catch up, then warns.
-    retry_s: first wait after a failed upload (doubling up to retry_max_s).
+    retry_s: first wait after a failed upload (doubling up to retry_max_s: the longest a server
+        that came back waits for the next try).
     """
     url: str
     sign_key: bytes | None = None
@@ -27,7 +29,7 @@ class Replication:
     max_bytes_per_s: float | None = None
     close_timeout_s: float = 10.0
     retry_s: float = 0.5
-    retry_max_s: float = 30.0
+    retry_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         parse_url(self.url)

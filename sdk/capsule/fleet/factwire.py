@@ -14,7 +14,7 @@ from typing import Any
 
 from ..memory import factrows
 from .errors import RemoteCorrupt
-from .sealed import MAX_HEAD_BYTES, open_object, seal_object
+from .sealed import open_object, seal_object
 from .wire import Seal
 
 MAGIC_FACT, MAGIC_KV, MAGIC_FORGET = b"CPFLFACT", b"CPFLKV\x00\x00", b"CPFLFORG"

@@ -31,8 +31,9 @@ from ..memory.facts import Memory
 from ..store import Collection, UnknownRecord
 from .bucket import ObjectStore, S3Bucket
 from .errors import RemoteCorrupt
-from .factwire import (MAX_EMBEDDING_BYTES, MAX_HEAD_BYTES, MAX_KV_BYTES, FleetFact, FleetKV, content_hash,
+from .factwire import (MAX_EMBEDDING_BYTES, MAX_KV_BYTES, FleetFact, FleetKV, content_hash,
                        decode_fact, decode_forget, decode_kv, encode_fact, encode_forget, encode_kv, model_key)
+from .sealed import MAX_HEAD_BYTES
 from .wire import Seal
 
 LINKS = Collection("fleet_fact", (("hash", "text"), ("fact", "int"), ("memory", "text")))

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 from .bucket import ObjectStore
 from .errors import FleetConflict, FleetKeyError, RemoteCorrupt
 from .wire import (MAX_CARD_BYTES, MAX_OBJECT_BYTES, RemoteEpoch, Seal, StoreCard, decode_card,
-                   decode_epoch, encode_card, encode_epoch, sha256)
+                   decode_epoch, encode_card, sha256)
 
 CARD = "store.json"
 EPOCHS = "epochs/"
@@ -108,10 +108,6 @@ class Replica:
 
     def info(self, ep: RemoteEpoch) -> RemoteInfo:
         return RemoteInfo(ep.epoch, ep.name, ep.created, ep.n_pages(), ep.page_bytes(), ep.meta)
-
-    def write_epoch(self, ep: RemoteEpoch) -> bool:
-        """Upload the epoch object, write-once. False: the key existed (the caller compares)."""
-        return self.bucket.put(epoch_key(ep.epoch), encode_epoch(ep, self.seal), if_absent=True)
 
     def read_pages(self, ep: RemoteEpoch, progress: Callable[[int, int], None] | None = None) -> Pages:
         """Every page of the epoch's view, each checked against its SHA-256 (RemoteCorrupt)."""

@@ -16,7 +16,6 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from ..errors import CapsuleError
 from ..store import Collection, PageCorrupt, Store, StoreError, UnknownEpoch
 from .bucket import ObjectStore, S3Bucket
 from .config import Replication
@@ -182,6 +181,8 @@ class Replicator:
     def _catch_up(self) -> None:
         assert self._replica is not None
         waiting = [e for e in self.store.epochs() if e.id > self._held.epoch]
+        # skipped epochs are counted as gaps between uploads: past max_queue, dropped by local
+        # retention before they went, or damaged here
         # records first: an epoch listed above was committed after every record it names
         generation = self.store.record_generation
         if self._records is not None and generation != self._generation:
@@ -189,21 +190,19 @@ class Replicator:
             self._generation = generation
             self._add(skipped=0, sent=sent)
         if len(waiting) > self.config.max_queue:
-            self._add(skipped=len(waiting) - self.config.max_queue)
             waiting = waiting[-self.config.max_queue:]
         for info in waiting:
             if self._stop.is_set():
                 return
-            began = time.monotonic()
+            began, before = time.monotonic(), self._held.epoch
             try:
                 done = upload_epoch(self.store, self._replica, info, self._held, self._throttle)
             except (UnknownEpoch, PageCorrupt) as exc:   # dropped by retention meanwhile, or damaged here
                 if isinstance(exc, PageCorrupt):
                     log.warning("replication to %s skips epoch %d: %s", self.config.url, info.id, exc)
-                self._add(skipped=1)
                 continue
-            except CapsuleError:
-                raise
+            if before:
+                self._add(skipped=done.epoch - before - 1)
             with self._lock:
                 st = self._status
                 self._status = replace(st, remote_epoch=done.epoch, uploaded=st.uploaded + (not done.already),

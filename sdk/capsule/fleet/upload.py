@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from ..store import EpochInfo, Store
 from .errors import FleetConflict, RemoteCorrupt
-from .replica import Replica, pack_key
-from .wire import PageAt, RemoteEpoch, sha256
+from .replica import Replica, epoch_key, pack_key
+from .wire import PageAt, RemoteEpoch, encode_epoch, sha256
 
 PACK_BYTES = 8 << 20     # a pack is cut at about this size (one PUT each: bounded latency, fine throttling)
 Identity = tuple[str, int, int]   # (region, index, epoch that wrote the page)
@@ -93,7 +93,9 @@ def upload_epoch(store: Store, replica: Replica, info: EpochInfo, held: Held, th
     all_sizes = {**held.packs, **sizes}
     ep = RemoteEpoch(store.store_id, epoch, info.base, info.name, info.created, dict(info.meta),
                      replica.seal.signed, remote_view, bytes(app), tuple((k, all_sizes[k]) for k in used))
-    already = not replica.write_epoch(ep)
+    data = encode_epoch(ep, replica.seal)
+    already = not replica.bucket.put(epoch_key(epoch), data, if_absent=True)
+    sent += 0 if already else len(data)
     if already:
         _check_same(replica, ep)
     new = Held.of(ep)

