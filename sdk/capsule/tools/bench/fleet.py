@@ -50,17 +50,17 @@ REPS, QUICK_REPS = 3, 2
 NOTES = (
     "one S3 server (SeaweedFS weed mini) on 127.0.0.1 shares the 2 cores with the robot: its CPU time is "
     "part of every figure; a real network adds latency and bandwidth limits that loopback has not",
-    "sent bytes are what the remote holds per epoch (pack objects + the epoch object, listed by size); the "
-    "replicator's status.sent_bytes counts the packs only",
+    "sent bytes are what the remote holds per epoch (pack objects + the epoch object, listed by size), as the "
+    "replicator's status.sent_bytes counts them",
     "background MB/s = bytes sent / (first checkpoint call -> remote caught up): when the replicator keeps up, "
     "that is the rate the session produced epochs (production_s), and lag_s is how far behind it ended",
     "push: the same store, closed, to a fresh prefix (every retained epoch, the oldest whole): upload alone",
     "100 Hz loop: the control suite's (builtin:gru + builtin:tiny, a capsule every 10 ticks, no chat thread); "
     "busy = step + the capsule it took; blocks alternate off/on (ABBA), a fresh Session each",
-    "outage: the replicator retries with its default backoff (retry_s doubling to retry_max_s): after a long "
-    "outage the first retry may come well after the server is back (reconnect_s)",
+    "outage: the replicator retries with its default backoff (retry_s 0.5 s doubling to retry_max_s 5 s): the "
+    "first retry after the server is back comes within retry_max_s (reconnect_s)",
     "retention: keep_epochs is raised to 1024 so that max_queue bounds the backlog; with the profile default "
-    "(x86-cpu: 8), retention drops older waiting epochs first, and those are not counted in status.skipped",
+    "(x86-cpu: 8), retention drops older waiting epochs first (status.skipped counts both)",
     "pull vs cold: fresh child processes, medians; imports (boto3 included) and the interpreter's start are "
     "excluded and reported apart; both include loading the model",
 )
