@@ -29,7 +29,7 @@ import numpy as np
 
 import devices
 
-from . import assembly
+from . import assembly, session_fleet
 from .llm import ModelInfo
 from .llm.engine import Engine
 from .memory.facts import Fact, Memory, MemoryConfig
@@ -90,7 +90,7 @@ class Session:
         for it, at most Replication.close_timeout_s. Endpoint and keys: the AWS variables.
         Nothing is created on disk unless the model and tokenizer load.
         """
-        replication = None if replicate is None else _replication(replicate)
+        replication = None if replicate is None else session_fleet.replication_of(replicate)
         a = assembly.assemble(path, model=model, tokenizer=tokenizer, policy=policy, device=device,
                               runtime=runtime, keep_epochs=keep_epochs, sign_key=sign_key, memory=memory)
         try:
@@ -99,7 +99,7 @@ class Session:
             if restore:
                 session._gate.restore_newest()
             if replication is not None:
-                session._replicator = _start_replicator(a.store, replication)
+                session._replicator = session_fleet.start_replicator(a.store, replication)
         except BaseException:
             a.store.close()
             raise
@@ -209,10 +209,7 @@ class Session:
         published (their K/V used when it is this model's, else encoded here); one fact per
         content, and a forget, here or elsewhere, wins for good (docs/FORMAT.md, "Fleet memory").
         The network part runs without the LLM lock; act() is never held up. sign_key: the fleet key."""
-        from .fleet.memory_sync import FleetMemory, sync
-
-        fleet = FleetMemory(url, sign_key)
-        return sync(fleet, self._memory_section)
+        return session_fleet.sync_memory(url, sign_key, self._memory_section)
 
     @contextlib.contextmanager
     def _memory_section(self) -> Iterator[Any]:
@@ -365,19 +362,6 @@ class Session:
             raise ValueError("this Session has no model (opened with model=None)")
         self._llm_part.check_not_in_callback()
         return self._llm_part
-
-
-def _replication(value: Any) -> "Replication":
-    from .fleet import Replication   # boto3 and the fleet layer load only for a replicating Session
-
-    return Replication.of(value)
-
-
-def _start_replicator(store: Store, replication: "Replication") -> "Replicator":
-    from .fleet import Replicator
-    from .fleet.records import SDK_COLLECTIONS   # memory facts (and their fleet links) go along
-
-    return Replicator(store, replication, collections=SDK_COLLECTIONS).start()
 
 
 def _close_at_exit(ref: "weakref.ref[Session]", pid: int) -> None:
