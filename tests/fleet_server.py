@@ -6,7 +6,6 @@ import uuid
 
 import pytest
 
-from capsule.fleet import S3Bucket
 from capsule.tools.s3_server import LoopbackS3
 
 BUCKET = "fleet"
@@ -26,7 +25,7 @@ def use(server: LoopbackS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point boto3 (ours) at the server and make the bucket."""
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
-    S3Bucket(f"s3://{BUCKET}").ensure_bucket()
+    server.make_bucket(BUCKET)
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ def test_an_outage_longer_than_the_queue_skips_the_oldest_and_catches_up(tmp_pat
                       replicate=Replication(url, max_queue=2, retry_s=0.1, retry_max_s=0.3, close_timeout_s=30)) as s:
         s.append("user: go to the kitchen\n")
         s.checkpoint()
-        assert s._replicator.wait(30)
+        assert s.wait_replicated(30)
         server.kill()
         for _ in range(5):
             s.generate(2)
@@ -96,7 +96,7 @@ def test_an_outage_longer_than_the_queue_skips_the_oldest_and_catches_up(tmp_pat
         time.sleep(0.5)
         assert s.replication.last_error and s.replication.remote_epoch == 1
         server.start()
-        assert s._replicator.wait(60)
+        assert s.wait_replicated(60)
         st = s.replication
         want = s.tokens()
     assert st.remote_epoch == 6 and st.skipped == 3 and st.failed is None
@@ -111,7 +111,7 @@ def test_close_waits_bounded_then_warns_and_push_sends_the_rest(tmp_path, server
                      replicate=Replication(url, close_timeout_s=1.0, retry_s=0.1))
     s.append("user: hello\n")
     s.checkpoint()
-    assert s._replicator.wait(30)
+    assert s.wait_replicated(30)
     server.kill()
     s.generate(3)
     s.checkpoint()

@@ -85,11 +85,11 @@ def test_a_delta_sends_only_the_new_pages(tmp_path, s3):
     with Session.open(tmp_path / "robot", device="cpu", runtime=RT, replicate=s3) as s:
         s.append(TALK * 4)
         e1 = s.checkpoint()
-        assert s._replicator.wait(30)
+        assert s.wait_replicated(30)
         first = s.replication.sent_bytes
         s.append("user: and the blue one?\n")
         e2 = s.checkpoint()
-        assert s._replicator.wait(30)
+        assert s.wait_replicated(30)
         second = s.replication.sent_bytes - first
         view = s.store.view(e2)
         written = [(r, i) for r, pages in view.items() for i, e in pages.items() if e == e2]
@@ -142,7 +142,7 @@ def test_a_prefix_belongs_to_one_store(tmp_path, s3):
     with Session.open(tmp_path / "two", device="cpu", runtime=RT, replicate={"url": s3, "close_timeout_s": 2}) as s:
         s.append("something else\n")
         s.checkpoint()                            # the local store commits whatever the remote says
-        assert s._replicator.wait(10) is False
+        assert s.wait_replicated(10) is False
         assert "replicates store" in s.replication.failed
     with pytest.raises(FleetConflict, match="already holds epochs"):
         pull(s3, tmp_path / "two")                # a pull never writes into a store that has epochs

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from capsule.fleet import S3Bucket
 from capsule.tools.s3_server import LoopbackS3
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -27,16 +26,9 @@ def s3_env(tmp_path_factory):
     environment would hold their endpoint's, with the bucket the README names."""
     server = LoopbackS3(tmp_path_factory.mktemp("weed"))
     server.start()
-    env = {**os.environ, **server.env()}
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
     try:
-        S3Bucket("s3://fleet").ensure_bucket()
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    try:
-        yield env
+        server.make_bucket("fleet")
+        yield {**os.environ, **server.env()}
     finally:
         server.stop()
 

@@ -303,6 +303,14 @@ class Session:
         remote holds, epochs uploaded / skipped, bytes sent, the last error."""
         return None if self._replicator is None else self._replicator.status
 
+    def wait_replicated(self, timeout: float | None = None) -> bool:
+        """Wait until the remote holds the newest committed epoch (after checkpoint(wait=False),
+        flush first); False on timeout or when replication stopped (replication.failed says why).
+        ValueError when this Session does not replicate."""
+        if self._replicator is None:
+            raise ValueError("this Session does not replicate (Session.open(..., replicate='s3://...'))")
+        return self._replicator.wait(timeout)
+
     @property
     def restored_epoch(self) -> int | None:
         """The epoch the last restore (at open, or a rollback) installed; None: none yet."""

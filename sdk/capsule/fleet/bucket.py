@@ -64,10 +64,6 @@ def parse_url(url: str) -> Location:
     return Location(bucket, prefix)
 
 
-def is_remote(target: str | os.PathLike) -> bool:
-    return isinstance(target, str) and target.startswith("s3://")
-
-
 class S3Bucket:
     """ObjectStore over boto3. Timeouts are short and retries few: a replicator retries on its own."""
 

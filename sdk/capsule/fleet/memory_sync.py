@@ -67,7 +67,7 @@ class _Remote:
 @dataclass
 class _Local:
     hashes: dict[int, str]                 # local fact id -> content hash (sound facts)
-    texts: dict[int, tuple[str, tuple[str, ...], float]]
+    texts: dict[int, tuple[str, tuple[str, ...], float, int]]   # text, tags, created, n_tokens
     ours: set[int]                         # facts whose K/V is under this model
     links: dict[int, tuple[int, str]]      # link record id -> (fact id, hash), for this memory URL
     model: str                             # model_key of this Session's memory
@@ -86,7 +86,7 @@ class FleetMemory:
             warnings.simplefilter("ignore", DamagedFactWarning)   # a damaged fact is not shared
             infos = table.facts()
         hashes = {f.id: content_hash(f.text, f.tags) for f in infos}
-        texts = {f.id: (f.text, f.tags, f.created) for f in infos}
+        texts = {f.id: (f.text, f.tags, f.created, f.n_tokens) for f in infos}
         ours = {f.id for f in infos if (f.fingerprint, f.rope) == (memory.fingerprint, memory.rope)}
         links = {}
         for row in table.store.records(LINKS):
@@ -216,14 +216,12 @@ def _outgoing(mem: Memory, local: _Local, fid: int, h: str, emb: tuple[str, byte
     kv = None
     if fid in local.ours:
         try:
-            data = mem.store.fact_kv(fid)
-            n = mem.store.facts([fid])[0].n_tokens
-            kv = FleetKV(h, mem.fingerprint, mem.rope, n, bytes(data))
-        except (CapsuleError, IndexError):
+            kv = FleetKV(h, mem.fingerprint, mem.rope, local.texts[fid][3], bytes(mem.store.fact_kv(fid)))
+        except CapsuleError:
             kv = None                      # damaged here: the fact goes without K/V
     if emb is False:
         return None, kv
-    text, tags, created = local.texts[fid]
+    text, tags, created, _ = local.texts[fid]
     fact = FleetFact(h, text, tags, created, emb[0] if emb else None, emb[1] if emb else b"")
     return fact, kv
 

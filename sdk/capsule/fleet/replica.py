@@ -140,13 +140,6 @@ class Replica:
             raise RemoteCorrupt(f"{self.where}/{pack}", "missing: a pack an epoch names is gone")
         return data
 
-    def remove_epoch(self, epoch: int) -> None:
-        """Delete an epoch object (retention on the remote; packs are left to a sweep)."""
-        self.bucket.delete(epoch_key(epoch))
-
-    def all_keys(self, under: str = "") -> Iterator[tuple[str, int]]:
-        return self.bucket.keys(under)
-
 
 def _spans(items: list) -> Iterator[list]:
     """Runs of pages close together in one pack: one ranged GET each."""

@@ -7,7 +7,7 @@ remote what it holds (the newest epoch object there) and continues after it. The
 when more than max_queue committed epochs wait, the oldest of them are skipped (counted), so an
 outage costs at most max_queue uploads to catch up and the newest epoch always goes.
 
-Threading: start() and close() from the owner's thread; wake() from any thread; status from any.
+Threading: start() and close() from the owner's thread; status and wait() from any.
 """
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ from dataclasses import dataclass, replace
 from ..store import Collection, PageCorrupt, Store, StoreError, UnknownEpoch
 from .bucket import ObjectStore, S3Bucket
 from .config import Replication
-from .errors import FleetError, RemoteCorrupt, RemoteUnavailable
+from .errors import FleetError, RemoteUnavailable
 from .records import RemoteRecords, list_remote, sync_records
 from .replica import Replica
-from .upload import Held, Throttle, upload_epoch
+from .upload import Held, Throttle, attach, upload_epoch
 from .wire import Seal
 
 log = logging.getLogger("capsule")
 POLL_S = 1.0    # a commit wakes the thread at once; this only catches commits nobody announced
+WAIT_POLL_S = 0.01   # how often wait() looks at the status
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,6 @@ class Replicator:
         self._wake.set()
         return self
 
-    def wake(self) -> None:
-        self._wake.set()
-
     @property
     def status(self) -> ReplicationStatus:
         with self._lock:
@@ -103,7 +101,7 @@ class Replicator:
             if left is not None and left <= 0:
                 return False
             self._wake.set()
-            time.sleep(min(0.02, left) if left is not None else 0.02)
+            time.sleep(min(WAIT_POLL_S, left) if left is not None else WAIT_POLL_S)
 
     def close(self, timeout: float | None = None) -> bool:
         """Wait (at most timeout, default config.close_timeout_s) until what is committed is
@@ -164,16 +162,7 @@ class Replicator:
         bucket = self._bucket
         assert bucket is not None
         replica = Replica(bucket, Seal(self.config.sign_key))
-        replica.claim(self.store.store_id, time.time())
-        ids = replica.epoch_ids()
-        held = Held()
-        if ids:
-            try:
-                held = Held.of(replica.read_epoch(ids[-1], self.store.store_id))
-            except RemoteCorrupt as exc:   # costs a full upload of the next epoch, nothing else
-                log.warning("replication to %s: the newest remote epoch cannot be used (%s); the next epoch "
-                            "is sent whole", self.config.url, exc)
-                held = Held(epoch=ids[-1])
+        held, _ = attach(replica, self.store)
         self._held, self._replica = held, replica
         self._records, self._generation = (list_remote(bucket) if self._collections else None), -1
         self._set(remote_epoch=held.epoch, connected=True, last_error=None)

@@ -19,7 +19,7 @@ from .bucket import ObjectStore, S3Bucket
 from .errors import FleetConflict, FleetError, RemoteCorrupt
 from .records import SDK_COLLECTIONS, list_remote, restore_records, sync_records
 from .replica import Replica, RemoteInfo
-from .upload import Held, Throttle, upload_epoch
+from .upload import Throttle, attach, upload_epoch
 from .wire import RemoteEpoch, Seal
 
 Progress = Callable[[str, int, int], None]   # (what, done, total)
@@ -97,14 +97,7 @@ def push(store_path: str | os.PathLike, url: str, *, sign_key: bytes | None = No
     began = time.monotonic()
     replica = open_replica(url, sign_key, bucket)
     with Store.open(store_path, create=False, sign_key=store_key) as store:
-        replica.claim(store.store_id, time.time())
-        ids = replica.epoch_ids()
-        held = Held()
-        if ids:
-            try:
-                held = Held.of(replica.read_epoch(ids[-1], store.store_id))
-            except RemoteCorrupt:
-                held = Held(epoch=ids[-1])
+        held, already = attach(replica, store)
         todo = [e for e in store.epochs() if e.id > held.epoch]
         sent = sync_records(store, replica.bucket, replica.seal, collections, list_remote(replica.bucket))
         throttle, done = Throttle(max_bytes_per_s), []
@@ -114,7 +107,7 @@ def push(store_path: str | os.PathLike, url: str, *, sign_key: bytes | None = No
             done.append(info.id)
             if progress is not None:
                 progress("epochs", n + 1, len(todo))
-    return Pushed(done, len(ids), sent, time.monotonic() - began)
+    return Pushed(done, already, sent, time.monotonic() - began)
 
 
 def _card(replica: Replica, url: str):

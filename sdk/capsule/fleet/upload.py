@@ -9,6 +9,7 @@ correctness: every epoch object names pages that are already uploaded).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from .errors import FleetConflict, RemoteCorrupt
 from .replica import Replica, epoch_key, pack_key
 from .wire import PageAt, RemoteEpoch, encode_epoch, sha256
 
+log = logging.getLogger("capsule")
 PACK_BYTES = 8 << 20     # a pack is cut at about this size (one PUT each: bounded latency, fine throttling)
 Identity = tuple[str, int, int]   # (region, index, epoch that wrote the page)
 
@@ -62,19 +64,33 @@ class Uploaded:
     already: bool = False  # the remote held this very epoch (our own earlier upload)
 
 
+def attach(replica: Replica, store: Store) -> tuple[Held, int]:
+    """Claim the prefix for this store (or check it is its own), then learn what the remote holds:
+    (the newest remote epoch's view, how many epochs it holds). A newest epoch that cannot be used
+    costs a whole upload of the next one, nothing else."""
+    replica.claim(store.store_id, time.time())
+    ids = replica.epoch_ids()
+    if not ids:
+        return Held(), 0
+    try:
+        return Held.of(replica.read_epoch(ids[-1], store.store_id)), len(ids)
+    except RemoteCorrupt as exc:
+        log.warning("%s: the newest remote epoch cannot be used (%s); the next epoch is sent whole", replica.where, exc)
+        return Held(epoch=ids[-1]), len(ids)
+
+
 def upload_epoch(store: Store, replica: Replica, info: EpochInfo, held: Held, throttle: Throttle) -> Uploaded:
     """Replicate one committed epoch; `held` becomes its view. Raises UnknownEpoch if retention
     dropped it meanwhile, PageCorrupt if a local record is damaged, RemoteUnavailable on the
     network, FleetConflict if another store wrote this epoch number first."""
     epoch = info.id
     view = store.view(epoch)
-    app = store.load_manifest(epoch)
     missing = sorted((r, i, e) for r, pages in view.items() for i, e in pages.items() if (r, i, e) not in held.pages)
     placed: dict[Identity, PageAt] = {}
     sizes: dict[str, int] = {}
     sent = 0
+    app, pages = store.load_epoch(epoch, only=[(r, i) for r, i, _ in missing])   # the manifest, and what is missing
     if missing:
-        _, pages = store.load_epoch(epoch, only=[(r, i) for r, i, _ in missing])
         for batch in _batches(missing, pages):
             data = b"".join(bytes(pages[r][i]) for r, i, _ in batch)
             key = pack_key(epoch, data)

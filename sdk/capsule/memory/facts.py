@@ -70,15 +70,7 @@ class Memory:
         ctx = list(context_ids)[-self.config.window:] if self.config.window else []
         kv = encode_fact(self.model, ids, ctx)
         emb = self._embed([text])
-        emb_bytes = None if emb is None else emb[0].numpy().astype("<f4").tobytes()
-        fid = self.store.add_fact(text, tags=tuple(tags or ()), n_tokens=len(ids),
-                                  fingerprint=self.fingerprint, rope=self.rope, kv=kv.to_bytes(),
-                                  embedding=emb_bytes,
-                                  embedder=None if emb is None else self._embedder.name)
-        self._cache(fid, kv)
-        if emb is not None and self._index is not None:
-            self._index.add([fid], emb)
-        return fid
+        return self._add(text, tuple(tags or ()), kv, None if emb is None else emb[0])
 
     def adopt(self, text: str, tags: Sequence[str], kv: bytes | None, embedding: tuple[str, bytes] | None) -> int:
         """Add a fact that came from elsewhere (fleet memory): its K/V under this model when given
@@ -98,11 +90,16 @@ class Memory:
                 vec = torch.from_numpy(np.frombuffer(embedding[1], dtype="<f4").copy())
             else:
                 vec = self._embed([text])[0]
-        fid = self.store.add_fact(text, tags=tuple(tags), n_tokens=fact.n_tokens, fingerprint=self.fingerprint,
-                                  rope=self.rope, kv=fact.to_bytes(),
+        return self._add(text, tuple(tags), fact, vec)
+
+    def _add(self, text: str, tags: tuple[str, ...], kv: FactKV, vec: torch.Tensor | None) -> int:
+        """Store a fact whose K/V is this model's, with its embedding (dim,) when there is an
+        embedder; keep the caches in step."""
+        fid = self.store.add_fact(text, tags=tags, n_tokens=kv.n_tokens, fingerprint=self.fingerprint,
+                                  rope=self.rope, kv=kv.to_bytes(),
                                   embedding=None if vec is None else vec.numpy().astype("<f4").tobytes(),
                                   embedder=None if vec is None else self._embedder.name)
-        self._cache(fid, fact)
+        self._cache(fid, kv)
         if vec is not None and self._index is not None:
             self._index.add([fid], vec[None])
         return fid

@@ -57,6 +57,18 @@ class LoopbackS3:
                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": "us-east-1",
                 "AWS_EC2_METADATA_DISABLED": "true"}
 
+    def make_bucket(self, name: str) -> None:
+        """Create a bucket (if missing) with this server's key, whatever os.environ says."""
+        import boto3
+
+        from ..fleet import S3Bucket
+
+        env = self.env()
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name=env["AWS_DEFAULT_REGION"],
+            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        S3Bucket(f"s3://{name}", client=client).ensure_bucket()
+
     def start(self, timeout: float = 30.0) -> float:
         binary = weed_binary()
         if binary is None:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ...fleet import Replication, S3Bucket
+from ...fleet import Replication
 from ...session import Session
 from ..s3_server import LoopbackS3
 from . import BenchOptions, SuiteResult
@@ -75,8 +75,8 @@ def loopback_s3(folder: Path) -> Iterator[tuple[LoopbackS3, float]]:
     saved = {k: os.environ.get(k) for k in env}
     try:
         boot = server.start()
+        server.make_bucket(BUCKET)
         os.environ.update(env)
-        S3Bucket(f"s3://{BUCKET}").ensure_bucket()
         yield server, boot
     finally:
         server.stop()
@@ -89,14 +89,6 @@ def loopback_s3(folder: Path) -> Iterator[tuple[LoopbackS3, float]]:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
-
-
-def _server_dir(stack: contextlib.ExitStack, tmp: Path) -> Path:
-    """The server's folder: in tmp, unless that path is too long for the unix sockets weed binds
-    there (108 bytes on Linux; e.g. a TMPDIR deep in pytest's tmp_path); then one of its own in /tmp."""
-    if len(str(tmp / "weed" / "filer.sock").encode()) < 100:
-        return tmp / "weed"
-    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="capsule-weed-", dir="/tmp")))
 
 
 def _tables(r: dict[str, Any], load: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
@@ -161,7 +153,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="capsule-bench-fleet-"))
-        srv, boot = stack.enter_context(loopback_s3(_server_dir(stack, Path(tmp))))
+        srv, boot = stack.enter_context(loopback_s3(Path(tmp) / "weed"))
         work, url = Path(tmp), f"s3://{BUCKET}/bench"
         load = {"usable_cores": _usable_cores(), "start": os.getloadavg()[0]}
         t0 = time.perf_counter()

@@ -24,24 +24,14 @@ from .timing import progress
 
 NEW_TOKENS = 8                  # as the capsules suite's delta epochs: comparable bytes per epoch
 CATCH_UP_TIMEOUT_S = 120.0
-POLL_S = 0.01
 _KEY = re.compile(r"(packs|epochs)/(\d{20})[-.]")
 
 
-def wait_remote(s: Session, timeout: float, epoch: int | None = None) -> bool:
-    """Poll s.replication until the remote holds `epoch` (default: the newest committed epoch; after
-    checkpoint(wait=False), flush first). False on timeout, or when replication failed for good."""
-    target = epoch if epoch is not None else max((e.id for e in s.epochs()), default=0)
-    end = time.monotonic() + timeout
-    while True:
-        st = s.replication
-        if st is None:
-            raise ValueError("this Session does not replicate (Session.open(..., replicate=...))")
-        if st.remote_epoch >= target:
-            return True
-        if st.failed or time.monotonic() >= end:
-            return False
-        time.sleep(POLL_S)
+def wait_remote(s: Session, timeout: float) -> bool:
+    """Until the remote holds the newest epoch, background capsules flushed first (their commit
+    is what is waited for); False on timeout or when replication stopped."""
+    s.flush()
+    return s.wait_replicated(timeout)
 
 
 def remote_bytes(url: str) -> dict[int, dict[str, int]]:
