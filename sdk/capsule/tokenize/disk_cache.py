@@ -24,7 +24,7 @@ from typing import Any, Hashable, Sequence
 from ..paths import cache_dir
 from .families import Parts, _bad_ids
 
-FORMAT = 1                 # bump when the layout or the meaning of a field changes
+FORMAT = 2                 # bump when the layout or the meaning of a field changes
 _MAX_META = 64 << 20       # a meta.json past this is garbage, not a vocabulary
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _OWN_FILES = sorted(Path(__file__).parent.glob("*.py"))   # our code decides the tables too
@@ -115,6 +115,7 @@ class Cached:
     byte_level: bool
     pieces: bool
     table: DecodeTable | None
+    pipeline: str | None
 
 
 def _is_int(v: Any) -> bool:
@@ -162,6 +163,7 @@ def load(ent: Entry, name: str) -> Cached | None:
             return None
         max_id, specials, eos = meta.get("max_id"), meta.get("special_tokens"), meta.get("eos_ids")
         pattern, norm, fp = meta.get("pattern"), meta.get("normalization"), meta.get("fingerprint")
+        pipeline = meta.get("pipeline")
         flags = (meta.get("byte_level"), meta.get("pieces"), meta.get("table"))
         if (not _is_int(max_id) or not 0 <= max_id < 1 << 31
                 or not isinstance(specials, dict) or not isinstance(eos, list)
@@ -169,14 +171,15 @@ def load(ent: Entry, name: str) -> Cached | None:
                            for t, i in specials.items())
                 or not all(_is_int(i) and 0 <= i <= max_id for i in eos)
                 or eos != sorted(set(eos))
-                or not all(v is None or isinstance(v, str) for v in (pattern, norm))
+                or not all(v is None or isinstance(v, str) for v in (pattern, norm, pipeline))
                 or not isinstance(fp, str) or not _HEX64.match(fp)
                 or not all(isinstance(v, bool) for v in flags)):
             return None
         table = _table(ent.folder, name, max_id, meta) if flags[2] else None
         if flags[2] and table is None:
             return None
-        return Cached(max_id, specials, pattern, norm, tuple(eos), fp, flags[0], flags[1], table)
+        return Cached(max_id, specials, pattern, norm, tuple(eos), fp, flags[0], flags[1], table,
+                      pipeline)
     except (OSError, ValueError, RecursionError):   # unreadable, not JSON, nested too deep
         return None
 
@@ -230,7 +233,8 @@ def store(ent: Entry, name: str, parts: Parts, fingerprint: str) -> None:
             "pattern": parts.pattern, "normalization": parts.normalization,
             "eos_ids": list(parts.eos_ids),
             "fingerprint": fingerprint, "byte_level": parts.byte_level,
-            "pieces": parts.piece_spans is not None, "table": table is not None}
+            "pieces": parts.piece_spans is not None, "table": table is not None,
+            "pipeline": parts.pipeline}
         if table is not None:
             meta.update(blob_size=len(table[1]), digest=_digest(*table))
         if not unchanged(ent):   # the files changed while loading: the stamps would lie

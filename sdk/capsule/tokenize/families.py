@@ -35,6 +35,8 @@ class Parts:
     fingerprint: Callable[[], str]
     piece_spans: Callable[[str], list[tuple[int, int]]] | None
     byte_level: bool
+    pipeline: str | None = None   # tokenizer.json: its normalizer, pre-tokenizer and added-token
+    #                               flags as JSON (what rules.py checks); None for tiktoken
 
 
 # ---- files and fingerprints -------------------------------------------------------------------
@@ -47,18 +49,21 @@ def file_stamp(path: Path) -> tuple[int, int]:
     return (st.st_size, st.st_mtime_ns)
 
 
-def _read(path: Path) -> bytes:
+def read_file(path: Path) -> bytes:
+    """A tokenizer file's bytes; TokenizerError if it cannot be read."""
     try:
         return path.read_bytes()
     except OSError as exc:
         raise TokenizerError(f"{path}: cannot read the tokenizer file: {exc}") from exc
 
 
-def _read_unchanged(path: Path, stamp: tuple[int, int]) -> bytes:
+def read_unchanged(path: Path, stamp: tuple[int, int],
+                   read: Callable[[Path], bytes] = read_file) -> bytes:
+    """``read(path)`` if the file is still the one stamped at load, else TokenizerError."""
     # The fingerprint binds checkpoints, so it must describe the bytes that were loaded,
     # not whatever the file holds now.
-    data = _read(path)
-    if file_stamp(path) != stamp or len(data) != stamp[0]:
+    data = read(path)
+    if file_stamp(path) != stamp or (read is read_file and len(data) != stamp[0]):
         raise TokenizerError(f"{path} changed on disk after it was loaded; call clear_cache() "
                              "and load it again before fingerprinting")
     return data
@@ -98,7 +103,7 @@ def tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], rank
             raise _bad_ids(name, exc) from exc
 
     def fingerprint() -> str:
-        return tiktoken_fingerprint(_read_unchanged(rank_path, stamp), pattern, specials)
+        return tiktoken_fingerprint(read_unchanged(rank_path, stamp), pattern, specials)
 
     return Parts(encode=encode, decode_bytes=decode_bytes, max_id=int(enc.max_token_value),
                  special_tokens=specials, pattern=pattern, normalization=normalization,
@@ -106,7 +111,8 @@ def tiktoken_parts(name: str, enc: Any, encode: Callable[[str], list[int]], rank
                  byte_level=True)
 
 
-def _parse_ranks(path: Path, data: bytes) -> dict[bytes, int]:
+def parse_ranks(path: Path, data: bytes) -> dict[bytes, int]:
+    """A ``.tiktoken`` rank file's ranks, every line and the 256 single bytes checked."""
     ranks: dict[bytes, int] = {}
     seen: set[int] = set()
     for lineno, line in enumerate(data.splitlines(), 1):
@@ -136,7 +142,7 @@ def tiktoken_file(path: Path, pattern: str, special_tokens: Mapping[str, int]) -
     import tiktoken
     name = f"file:{path}"
     stamp = file_stamp(path)
-    ranks = _parse_ranks(path, _read(path))
+    ranks = parse_ranks(path, read_file(path))
     specials = dict(special_tokens or {})   # validated by load_reference
     clash = sorted(set(specials.values()) & set(ranks.values()))
     if clash:
@@ -190,16 +196,18 @@ def _config_eos(path: Path) -> list[str]:
     return [eos] if isinstance(eos, str) else []
 
 
-def tokenizer_json(path: Path, name: str, eos: Sequence[str] = ()) -> Parts:
+def tokenizer_json(path: Path, name: str, eos: Sequence[str] = (),
+                   read: Callable[[Path], bytes] = read_file) -> Parts:
     """A ``tokenizers.Tokenizer`` from a tokenizer.json, encoding with add_special_tokens=False.
 
     ``eos``: texts of the tokens that end a generation; () guesses them (the eos_token of a
-    tokenizer_config.json beside the file, then ``KNOWN_EOS``).
+    tokenizer_config.json beside the file, then ``KNOWN_EOS``). ``read(path)`` gives the JSON
+    bytes (a zip member, for a packaged zip); the fingerprint is their sha256.
     """
     from tokenizers import Tokenizer
     stamp = file_stamp(path)
     try:
-        text = _read(path).decode("utf-8")
+        text = read(path).decode("utf-8")
         meta = json.loads(text)
         tok = Tokenizer.from_str(text)
         added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
@@ -273,5 +281,16 @@ def tokenizer_json(path: Path, name: str, eos: Sequence[str] = ()) -> Parts:
                  special_tokens=specials, pattern=None,
                  normalization="+".join(_normalizer_types(meta.get("normalizer"))) or None,
                  eos_ids=_eos(specials, eos or [*_config_eos(path), *KNOWN_EOS]),
-                 fingerprint=lambda: hashlib.sha256(_read_unchanged(path, stamp)).hexdigest(),
-                 piece_spans=piece_spans, byte_level=byte_level)
+                 fingerprint=lambda: hashlib.sha256(read_unchanged(path, stamp, read)).hexdigest(),
+                 piece_spans=piece_spans, byte_level=byte_level, pipeline=pipeline_of(meta))
+
+
+def pipeline_of(meta: Mapping[str, Any]) -> str:
+    """What the splice rules read from a tokenizer.json: normalizer, pre-tokenizer, added-token
+    flags (the vocabulary left out), as canonical JSON."""
+    keys = ("content", "normalized", "lstrip", "rstrip", "single_word")
+    added = [{k: t.get(k) for k in keys} for t in meta.get("added_tokens") or ()
+             if isinstance(t, dict)]
+    return json.dumps({"normalizer": meta.get("normalizer"),
+                       "pre_tokenizer": meta.get("pre_tokenizer"), "added_tokens": added},
+                      ensure_ascii=False, sort_keys=True)

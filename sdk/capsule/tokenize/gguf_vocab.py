@@ -21,10 +21,7 @@ from typing import Any, Mapping
 
 from .gguf_vocab_fields import (CONTROL, K, UNKNOWN, USER_DEFINED, GgufVocab, fail,
                                 read_vocab)
-from .patterns import DEEPSEEK_SPLITS, QWEN2, QWEN35
-
-LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-          r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+from .patterns import DEEPSEEK_SPLITS, LLAMA3, QWEN2, QWEN35
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import TokenizerError
+from . import packaged
 from .families import KNOWN_EOS, Parts, file_stamp, tiktoken_parts, tokenizer_json
 from .sources import package_dir
 
@@ -81,3 +82,13 @@ def _packaged_json(fam: "Family") -> Parts:
 TIKTOKEN_ENCODING = Builder("tiktoken_encoding", _tiktoken_encoding, "tiktoken", True)
 QWEN_TOKENIZER = Builder("qwen_tokenizer", _qwen_tokenizer, "tiktoken", True)
 TOKENIZER_JSON = Builder("tokenizer_json", _packaged_json, "tokenizers", False)
+
+
+def _packaged(fn: Callable[["Family", Path], Parts]) -> Callable[["Family"], Parts]:
+    return lambda fam: fn(fam, vocab_path(fam))
+
+
+OPENAI_ENCODING = Builder("openai_encoding", _packaged(packaged.openai_encoding), "tiktoken", True)
+LLAMA_MODELS = Builder("llama_models", _packaged(packaged.llama_models_encoding), "tiktoken", True)
+TEKKEN = Builder("tekken", _packaged(packaged.tekken), "tiktoken", False)
+ZIPPED_JSON = Builder("zipped_json", _packaged(packaged.zipped_json), "tokenizers", False)

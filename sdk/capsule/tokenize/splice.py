@@ -74,17 +74,9 @@ class SpliceRule:
 
     def __init__(self, ref: Any, rules: Rules) -> None:
         self.ref, self.rules = ref, rules
-        self.info = CharInfo(rules.marks_are_letters, rules.cjk_stage)
+        self.info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self.scanner = PieceScanner(ref, rules, self.info)
         self.tailscan = 2 * rules.margin + 64   # new boundaries are kept this far back at least
-
-    def _anchor(self, prev: str, c: str) -> bool:
-        info = self.info
-        k0 = info.cls(prev)
-        if k0 not in "LNK":
-            return False
-        k1 = info.cls(c)
-        return k1 != k0 and k1 != "?"
 
     def choose(self, t: str, m: int, bpos: list[int], base: int, before: str
                ) -> tuple[int | None, bool]:
@@ -98,7 +90,7 @@ class SpliceRule:
                 break   # the start of the text: a full encode
             prev, c = (t[a - 1] if a > 0 else before), t[a]
             if not r.nfc or info.nfc_safe(prev, c):
-                if self._anchor(prev, c) and (
+                if self.info.anchor(prev, c) and (
                         (c not in r.follow and not r.anchor_margin) or a <= m - r.margin):
                     break
                 if k4 is None:
@@ -112,11 +104,11 @@ class SpliceRule:
         """Position of the 4th class change at or before ``end`` (going back), else -1."""
         found, k = 0, end
         stop = max(0, end - RUN_SEARCH)   # a longer search could only find as long a window
-        cls = self.info.cls
+        cls, change = self.info.cls, self.info.change
         right = cls(t[k]) if 0 <= k < len(t) else "?"
         while k > stop or (k == 0 and before):
             left = cls(t[k - 1]) if k > 0 else cls(before)
-            if left != right and left != "?" and right != "?":
+            if change(left, right):
                 found += 1
                 if found == 4:
                     return k
@@ -129,7 +121,7 @@ class SpliceRule:
         hi = len(w) - self.tailscan
         for p in range(hi, max(0, hi - ANCHOR_SEARCH), -1):
             c0, c = w[p - 1], w[p]
-            if self._anchor(c0, c) and c not in r.follow and (not r.nfc or info.nfc_safe(c0, c)):
+            if self.info.anchor(c0, c) and c not in r.follow and (not r.nfc or info.nfc_safe(c0, c)):
                 return p
         return 0
 

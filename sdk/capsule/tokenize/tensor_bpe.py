@@ -47,7 +47,8 @@ class TensorBpe:
         if rules is None:
             raise TokenizerError(f"{ref.name}: the tensor BPE needs a verified pipeline ({why})")
         self.ref, self._nfc = ref, rules.nfc
-        self._scanner = PieceScanner(ref, rules, CharInfo(rules.marks_are_letters, rules.cjk_stage))
+        info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
+        self._scanner = PieceScanner(ref, rules, info)
         table, self._whole = _shared_table(ref)
         self.table = table.to(device)
         self.kernel = kernel
