@@ -90,12 +90,13 @@ def test_metadata(family, toks):
     assert tok.max_id == facts.max_id
     assert tok.vocab_size == tok.max_id + 1
     assert tok.name == family
-    assert tok.eos_ids == tuple(sorted(tok.special_tokens[s] for s in facts.eos))
+    # eos tokens by their text (tekken's control tokens are not special tokens of its text)
+    assert sorted(tok.decode(i) for i in tok.eos_ids) == sorted(facts.eos)
     assert tok.normalization == facts.normalization
     assert (tok.pattern is None) == (fam.library == "tokenizers")
     assert (tok.piece_spans("ab 12") is None) == (fam.library == "tiktoken")
     assert tok.byte_level
-    assert max(tok.special_tokens.values()) <= tok.max_id
+    assert max(tok.special_tokens.values(), default=0) <= tok.max_id
 
 
 def test_patterns_are_the_packages_own(toks):

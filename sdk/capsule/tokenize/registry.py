@@ -228,8 +228,8 @@ BUILTIN = (
           ("glm4", ("glm-4",), "glm-4", "llama3-pattern",
            ("<|endoftext|>", "<|user|>", "<|observation|>")),
           ("minimax", ("minimax-text-01",), "minimax", "o200k-pattern", ()),
-          ("deepseek-llm", ("deepseek-v2",), "deepseek-llm-7b-base", None, ()),
-          ("deepseek-coder", (), "deepseek-coder-33b-base", None, ()))),
+          ("deepseek-llm", ("deepseek-v2",), "deepseek-llm-7b-base", "deepseek-llm-splits", ()),
+          ("deepseek-coder", (), "deepseek-coder-33b-base", "deepseek-coder-splits", ()))),
 )
 for _fam in BUILTIN:
     register_family(_fam)

@@ -107,7 +107,7 @@ def _make(kind: str, v: Verified, nfc: bool, pattern: str | None, specials: dict
     pairs = {s[i:i + 2] for s in specials for i in range(len(s) - 1)}
     follow = {p[1] for p in pairs if info.anchor(p[0], p[1])}
     longest = max((len(s) for s in specials), default=0)
-    ends = any(info.cls(s[-1]) in "LNK" for s in specials)
+    ends = any(info.may_end_anchor(s[-1]) for s in specials)
     return Rules(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, specials, frozenset(first),
                  max(4, longest), frozenset(follow), ends, v.scheme)
 
@@ -177,9 +177,10 @@ class CharInfo:
     """
 
     def __init__(self, marks_are_letters: bool, cjk_stage: bool, scheme: str = "runs") -> None:
-        if scheme not in ("runs", "cased"):
+        if scheme not in ("runs", "cased", "isolated"):
             raise ValueError(f"unknown run-class scheme {scheme!r}")
-        self._marks, self._cjk, self._cased = marks_are_letters, cjk_stage, scheme == "cased"
+        self._marks, self._cjk, self._scheme = marks_are_letters, cjk_stage, scheme
+        self._cased = scheme == "cased"
         self._memo: dict[str, str] = {chr(i): self._compute(chr(i)) for i in range(128)}
         self._safe: dict[str, bool] = {}
 
@@ -193,8 +194,8 @@ class CharInfo:
 
     def change(self, left: str, right: str) -> bool:
         """Whether classes ``left`` then ``right`` make a class change the run rule counts."""
-        if left == right or left == "?" or right == "?":
-            return False
+        if left == right or left == "?" or right == "?" or self._scheme == "isolated":
+            return False   # "isolated": no run rule, only anchors
         if self._cased:
             return _GROUP[left] != _GROUP[right] and {left, right} != {"R", "S"}
         return True
@@ -202,17 +203,25 @@ class CharInfo:
     def anchor(self, prev: str, c: str) -> bool:
         """Whether a piece provably ends between chars ``prev`` and ``c`` (Rule 1)."""
         k0, k1 = self.cls(prev), self.cls(c)
+        if self._scheme == "isolated":   # every newline and digit is a piece of its own
+            return "?" not in (k0, k1) and ("R" in (k0, k1) or "N" in (k0, k1))
         if k1 == "?" or k1 == k0:
             return False
         if self._cased:   # a letter run may go on with marks or a contraction ("don't")
             return k0 == "N" or (k0 == "L" and k1 != "M" and c != "'")
         return k0 in "LNK"
 
+    def may_end_anchor(self, c: str) -> bool:
+        """Whether a special token ending in ``c`` could end right before an anchor."""
+        return self._scheme == "isolated" or self.cls(c) in "LNK"
+
     def _compute(self, c: str) -> str:
         if self._cjk and _CJK1.match(c):
             return "K"
         if self._cased and c in "\r\n/":
             return "S" if c == "/" else "R"
+        if self._scheme == "isolated" and c in "\r\n":
+            return "R"
         if c in WHITE_SPACE:
             return "W"
         m = _CAT.match(c)
@@ -220,6 +229,8 @@ class CharInfo:
             return "?" if unicodedata.category(c) == "Cn" else "O"
         if m.group(1) or unicodedata.category(c) in ("Cn", "Cs"):
             return "?"
+        if self._scheme == "isolated":
+            return "N" if m.group(4) else "X"
         if m.group(2):
             return "L"
         if m.group(3):
