@@ -91,7 +91,7 @@ def test_metadata(family, toks):
     assert tok.vocab_size == tok.max_id + 1
     assert tok.name == family
     # eos tokens by their text (tekken's control tokens are not special tokens of its text)
-    assert sorted(tok.decode(i) for i in tok.eos_ids) == sorted(facts.eos)
+    assert sorted(tok.decode([i]) for i in tok.eos_ids) == sorted(facts.eos)
     assert tok.normalization == facts.normalization
     assert (tok.pattern is None) == (fam.library == "tokenizers")
     assert (tok.piece_spans("ab 12") is None) == (fam.library == "tiktoken")
@@ -134,7 +134,7 @@ def test_cache_returns_same_object_across_aliases_and_threads():
         t.join()
     assert len(got) == 8 and all(t is got[0] for t in got)
     assert load_reference("Qwen2") is load_reference("qwen2.5")
-    assert load_reference("qwen3.5") is load_reference("QWEN3.6")
+    assert load_reference("gpt2") is load_reference("R50K_BASE")
     assert load_reference("deepseek") is load_reference("DeepSeek-V4")
 
 
@@ -150,7 +150,7 @@ def test_tiktoken_file_is_the_same_vocabulary_as_cl100k(toks):
 
 def test_unknown_family_lists_names():
     with pytest.raises(UnknownFamily) as err:   # a TokenizerError, and a ValueError as before
-        load_reference("llama3")
+        load_reference("falcon-h9")
     assert isinstance(err.value, TokenizerError) and isinstance(err.value, ValueError)
     assert all(f in str(err.value) for f in FAMILIES)
     assert "tokenizer.json" in str(err.value) and ".tiktoken" in str(err.value)
@@ -238,8 +238,9 @@ def test_bad_ids_and_immutability(toks):
             tok.encode(b"bytes")   # type: ignore[arg-type]
         with pytest.raises(AttributeError):
             tok.max_id = 3   # type: ignore[misc]
+        before = tok.special_tokens
         tok.special_tokens.clear()   # a copy: the tokenizer's own table is untouched
-        assert tok.special_tokens
+        assert tok.special_tokens == before
 
 
 HAZARDS = [" ", "  ", "\n", "\r", "\r\n", "\t", "a", "b", "Z", "s", "t", "ll", "0", "7", "123",

@@ -83,11 +83,11 @@ def test_record_names_the_splice_rule_its_pipeline_has(name):
 
 def test_unknown_names_say_which_exist():
     with pytest.raises(UnknownFamily) as err:
-        get_family("llama3")
+        get_family("falcon-h9")
     assert isinstance(err.value, TokenizerError)
     assert all(n in str(err.value) for f in all_families() for n in (f.name, *f.aliases))
     with pytest.raises(UnknownFamily):
-        unregister_family("llama3")
+        unregister_family("falcon-h9")
 
 
 def test_bad_records_are_refused_with_what_to_fix():

@@ -227,6 +227,8 @@ BUILTIN = (
           ("deepseek-r1", (), "deepseek-r1", "deepseek-splits", ()),
           ("glm4", ("glm-4",), "glm-4", "llama3-pattern",
            ("<|endoftext|>", "<|user|>", "<|observation|>")),
+          ("glm4.5", ("glm-4.5", "glm4.6", "glm4.7", "glm-4.7"), "glm-4.7-flash", "llama3-pattern",
+           ("<|endoftext|>", "<|user|>", "<|observation|>")),
           ("minimax", ("minimax-text-01",), "minimax", "o200k-pattern", ()),
           ("deepseek-llm", ("deepseek-v2",), "deepseek-llm-7b-base", "deepseek-llm-splits", ()),
           ("deepseek-coder", (), "deepseek-coder-33b-base", "deepseek-coder-splits", ()))),
