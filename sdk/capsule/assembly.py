@@ -59,7 +59,7 @@ class Assembled:
     actor: Actor | None
 
 
-def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokenizer: str | os.PathLike | None,
+def assemble(path: str | os.PathLike, *, model: str | os.PathLike | None, tokenizer: "str | os.PathLike | ReferenceTokenizer | None",
              policy: str | os.PathLike | None, device: str, runtime: Mapping[str, Any] | None,
              keep_epochs: int | None, sign_key: bytes | None,
              memory: MemoryConfig | Mapping[str, Any] | None) -> Assembled:
@@ -130,7 +130,7 @@ def store_folder(path: str | os.PathLike) -> Path:
     return store_path
 
 
-def build_llm(model: str | os.PathLike, tokenizer: str | os.PathLike | None,
+def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | ReferenceTokenizer | None",
               profile: devices.DeviceProfile, registry: RegionRegistry) -> LLMParts:
     rt = profile.runtime
     source = str(model)

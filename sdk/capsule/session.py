@@ -69,7 +69,7 @@ class Session:
     # -- lifetime ---------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike, *, model: str | os.PathLike | None = "builtin:tiny",
-             tokenizer: str | os.PathLike | None = None, policy: str | None = None,
+             tokenizer: "str | os.PathLike | ReferenceTokenizer | None" = None, policy: str | None = None,
              device: str = "auto", runtime: Mapping[str, Any] | None = None, restore: bool = True,
              keep_epochs: int | None = None, sign_key: bytes | None = None,
              memory: MemoryConfig | Mapping[str, Any] | None = None,

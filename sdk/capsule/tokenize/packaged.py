@@ -162,3 +162,8 @@ def zip_member(member: str) -> Callable[[Path], bytes]:
 def zipped_json(fam: "Family", path: Path) -> Parts:
     """The tokenizer.json inside ``path`` (a zip), with tokenizer_config.json beside the zip."""
     return tokenizer_json(path, fam.name, fam.eos, read=zip_member("tokenizer.json"))
+
+
+def read_vocab_json(path: Path) -> bytes:
+    """A tokenizer.json's bytes: the file, or its member when ``path`` is a zip."""
+    return zip_member("tokenizer.json")(path) if path.suffix == ".zip" else read_file(path)

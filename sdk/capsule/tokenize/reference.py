@@ -179,18 +179,25 @@ def clear_cache() -> None:
         _key_locks.clear()
 
 
-def load_reference(name_or_path: str | os.PathLike[str], *, pattern: str | None = None,
-                   special_tokens: Mapping[str, int] | None = None,
+def load_reference(name_or_path: "str | os.PathLike[str] | ReferenceTokenizer", *,
+                   pattern: str | None = None, special_tokens: Mapping[str, int] | None = None,
                    prefetch: bool = True) -> ReferenceTokenizer:
     """The shared reference tokenizer for a family name or a tokenizer file.
 
-    Names (case-insensitive): a registered family or alias (``registry``: cl100k_base,
-    qwen2.5, qwen3.6, deepseek-v4, ...). Paths: a tokenizer.json, a directory holding one, or a
-    ``*.tiktoken`` rank file, which needs ``pattern=`` and may take ``special_tokens=``.
+    Names (case-insensitive): a registered family or alias (``FAMILIES``: cl100k_base,
+    o200k_base, llama3, qwen2.5, deepseek-v4, ...). Paths: a tokenizer.json, a directory
+    holding one, or a ``*.tiktoken`` rank file, which needs ``pattern=`` and may take
+    ``special_tokens=``. A ReferenceTokenizer is returned as is (so ``Session.open(tokenizer=
+    load_reference("x.tiktoken", pattern=...))`` works).
 
     When served from the disk cache the encoder is built on first need; ``prefetch`` starts
     that build on a daemon thread right away (see ``ReferenceTokenizer.prefetch``).
     """
+    if isinstance(name_or_path, ReferenceTokenizer):
+        if pattern is not None or special_tokens is not None:
+            raise ValueError("pattern= and special_tokens= apply to a .tiktoken path, not to a "
+                             "loaded ReferenceTokenizer")
+        return name_or_path
     key, name, build, files = _resolve(name_or_path, pattern, special_tokens)
     with _cache_lock:
         tok = _cache.get(key)
@@ -256,7 +263,8 @@ def _resolve(name_or_path: Any, pattern: str | None, special_tokens: Mapping[str
     if suffix == ".tiktoken":
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"{path}: a .tiktoken rank file carries no pre-tokenizer regex; "
-                             "pass pattern= (the family's regex string)")
+                             "pass pattern= (the family's regex string): load_reference(path, "
+                             "pattern=...), which Session.open(tokenizer=...) also takes")
         specials = _check_special_tokens(special_tokens)
     elif pattern is not None or special_tokens is not None:
         raise ValueError(f"{path}: pattern= and special_tokens= apply only to a .tiktoken "

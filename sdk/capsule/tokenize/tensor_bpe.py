@@ -27,6 +27,7 @@ from edge_kernels.bpe import (MergeTable, Packed, merge_packed, pack_pieces, tab
 from ..errors import TokenizerError
 from . import registry
 from .families import byte_alphabet
+from .packaged import read_vocab_json
 from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
 from .rules import CharInfo, rules_for
@@ -155,8 +156,10 @@ def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[byte
     if path is None:
         raise TokenizerError(f"{name}: tokenizer.json not found for the tensor BPE")
     try:
-        model: dict[str, Any] = json.loads(path.read_text("utf-8"))["model"]
-    except (OSError, ValueError, KeyError) as exc:
+        meta = json.loads(read_vocab_json(path))
+        model: dict[str, Any] = meta["model"]
+        added = {t["content"]: t["id"] for t in meta.get("added_tokens") or ()}
+    except (ValueError, KeyError, TypeError) as exc:
         raise TokenizerError(f"{path}: unreadable tokenizer.json model: {exc}") from exc
     odd = {k: model.get(k) for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix")
            if model.get(k)}
@@ -171,6 +174,9 @@ def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[byte
     byte_chars = [""] * 256
     for ch, b in to_byte.items():
         byte_chars[b] = ch
+    # DeepSeek LLM/Coder keep the symbols of bytes that UTF-8 never holds (0xC0, 0xF5, ...) as
+    # added tokens, not in the model's vocab: they name the byte's id all the same
+    vocab = {**{c: added[c] for c in byte_chars if c not in vocab and c in added}, **vocab}
     table = table_from_merges(vocab, merges, byte_chars)   # type: ignore[arg-type]
     whole: dict[bytes, int] = {}
     if model.get("ignore_merges"):   # tokenizers then emits a piece found in the vocab as is
