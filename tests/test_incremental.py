@@ -386,3 +386,22 @@ def test_byte_level_layouts(tmp_path, pre):
         inc.append(part)
         assert inc.ids == inc.reference.encode(inc.text)
     assert inc.stats["windows"] > 5 if windowed else inc.stats["windows"] == 0
+
+
+def test_cased_anchor_rule_has_teeth(refs, monkeypatch):
+    # o200k's letter alternative takes a contraction suffix, so "don'" + "t" is one piece
+    # " don't". With the plain anchor rule (any letter run end) the old boundary before "'"
+    # would be taken as stable and the splice would diverge; the "cased" rule refuses it.
+    ref = refs["o200k_base"]
+    text = "The robot said: I don'"
+    ok = IncrementalTokenizer(ref, shadow_rate=0.0)
+    ok.append(text)
+    ok.append("t")
+    assert ok.ids == ref.encode(text + "t")
+    from capsule.tokenize import rules
+    monkeypatch.setattr(rules.CharInfo, "anchor", lambda self, p, c: self.cls(p) in "LN"
+                        and self.cls(c) not in (self.cls(p), "?"))
+    naive = IncrementalTokenizer(ref, shadow_rate=0.0)
+    naive.append(text)
+    naive.append("t")
+    assert naive.ids != ref.encode(text + "t")

@@ -5,7 +5,7 @@ import pytest
 
 from capsule import Session
 from capsule.tokenize import IncrementalTokenizer, load_reference
-from capsule.tokenize.registry import family_names
+from capsule.tokenize.registry import family_names, get_family
 
 RT = {"kv_pool_mb": 8, "max_context": 4096}
 
@@ -74,3 +74,24 @@ def test_rejected_append_to_an_existing_stream_changes_nothing(tmp_path):
         assert (s.tokens(), s.text()) == before
         s.append("robot: hi")
         assert s.tokens() == ref.encode(s.text())
+
+
+def test_a_tiktoken_file_with_its_pattern_opens_a_session_and_restores(tmp_path):
+    # a .tiktoken rank file carries no regex: load_reference(path, pattern=...) gives the
+    # tokenizer, and Session.open(tokenizer=) takes it as is; the capsule binds its fingerprint
+    fam = load_reference("r50k_base")
+    ranks = get_family("r50k_base").source_files()[0]
+    tok = load_reference(ranks, pattern=fam.pattern, special_tokens=fam.special_tokens)
+    assert tok.fingerprint == fam.fingerprint
+    with pytest.raises(ValueError, match="pattern="):
+        Session.open(tmp_path / "bad", tokenizer=ranks, device="cpu", runtime=RT)
+    with Session.open(tmp_path / "s", tokenizer=tok, device="cpu", runtime=RT) as s:
+        assert s.tokenizer is tok
+        s.append("user: hello  world 12345<|endoftext|>x")
+        assert not s.engine.stream("main").tok.full_mode
+        assert s.tokens() == fam.encode(s.text())
+        s.checkpoint()
+    with Session.open(tmp_path / "s", tokenizer=tok, device="cpu", runtime=RT) as s:
+        assert s.restored_epoch is not None
+        s.append(" again")
+        assert s.tokens() == fam.encode("user: hello  world 12345<|endoftext|>x again")

