@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from capsule.tokenize import (IncrementalTokenizer, family_names, get_family, incremental,
                               load_reference, run_differential)
 from capsule.tokenize.incremental_state import CHUNK_CHARS, CHUNK_IDS
+from capsule.tokenize.rules import rules_for
 from capsule.tokenize.shadow import MAX_PENDING
 
 FAMILIES = family_names()
@@ -405,3 +406,20 @@ def test_cased_anchor_rule_has_teeth(refs, monkeypatch):
     naive.append(text)
     naive.append("t")
     assert naive.ids != ref.encode(text + "t")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_long_digit_run_keeps_windows_short(refs, family):
+    # Rule 3: where digit pieces have a fixed length (1 or up to 3 digits), a boundary inside
+    # a digit run is stable, so appending to a 20K-digit run re-encodes a short window. GPT-2's
+    # ' ?\p{N}+' makes the whole run one piece: every append re-encodes it (a documented limit)
+    ref = refs[family]
+    digits = "".join(str((i * 7919) % 10) for i in range(20000))
+    tok = IncrementalTokenizer(ref, shadow_rate=0.0)
+    tok.append("total: " + digits[:19000])
+    for i in range(19000, 20000, 100):
+        tok.append(digits[i:i + 100])
+    assert tok.ids == ref.encode("total: " + digits)
+    fixed = rules_for(ref)[0].digit_step > 0
+    assert fixed == (ref.pattern is None or "\\p{N}++" not in ref.pattern), family
+    assert (tok.stats["last_window"] < 1000) == fixed, tok.stats

@@ -61,23 +61,24 @@ class Verified:
     #                             one), DIGITS for a Digits(individual_digits) stage
     marks_are_letters: bool     # letter runs are [\p{L}\p{M}] (else \p{L}: marks are "other")
     cjk_stage: bool             # DeepSeek: CJK runs are isolated before the main split
+    digit_step: int = 0         # digit pieces: 1 (\p{N}, Digits), 3 (\p{N}{1,3}), 0 (one per run)
     scheme: str = "runs"        # "runs": classes L N W O; "cased": o200k's; "isolated": only
     #                             the pieces that newlines and digits make (docs/TOKENIZATION.md)
 
 
 VERIFIED = {
-    "cl100k-pattern": Verified((CL100K,), False, False),
-    "qwen2-pattern": Verified((QWEN2,), False, False),
-    "qwen3.5-pattern": Verified((QWEN35,), True, False),
-    "deepseek-splits": Verified(DEEPSEEK_SPLITS, True, True),
+    "cl100k-pattern": Verified((CL100K,), False, False, 3),
+    "qwen2-pattern": Verified((QWEN2,), False, False, 1),
+    "qwen3.5-pattern": Verified((QWEN35,), True, False, 1),
+    "deepseek-splits": Verified(DEEPSEEK_SPLITS, True, True, 3),
     "r50k-pattern": Verified((R50K,), False, False),
     "gpt2-pattern": Verified((GPT2,), False, False),
-    "llama3-pattern": Verified((LLAMA3,), False, False),
-    "digits-gpt2": Verified((DIGITS, GPT2), False, False),
-    "o200k-pattern": Verified((O200K,), True, False, "cased"),
-    "tekken-pattern": Verified((TEKKEN,), True, False, "cased"),
-    "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, "isolated"),
-    "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, "isolated"),
+    "llama3-pattern": Verified((LLAMA3,), False, False, 3),
+    "digits-gpt2": Verified((DIGITS, GPT2), False, False, 1),
+    "o200k-pattern": Verified((O200K,), True, False, 3, "cased"),
+    "tekken-pattern": Verified((TEKKEN,), True, False, 1, "cased"),
+    "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, 1, "isolated"),
+    "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, 1, "isolated"),
 }
 # Every char matches one of these single patterns' alternatives (tiktoken requires it), so a
 # tokenizers Split with them drops no gap: Removed + invert equals Isolated.

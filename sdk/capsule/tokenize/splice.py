@@ -8,6 +8,8 @@
   and no match before it looks past ``a``. If the char at ``a`` occurs right after a letter/digit
   inside some special token (or some special token ends in a letter/digit), ``a`` must also
   lie ``margin`` chars before ``m``;
+* digit groups (Rule 3): both chars digits, in a family whose digit pieces are 1 or up to 3
+  digits counted from the run's start: a boundary inside a digit run stays one;
 * run rule: at least four class changes in ``T[a-1 : m-margin]``, margin = max(4, longest
   special token), so every decision before ``a`` and at ``a`` ended well before ``m`` and
   before any special token that an edit could complete.
@@ -90,7 +92,7 @@ class SpliceRule:
                 break   # the start of the text: a full encode
             prev, c = (t[a - 1] if a > 0 else before), t[a]
             if not r.nfc or info.nfc_safe(prev, c):
-                if self.info.anchor(prev, c) and (
+                if (info.anchor(prev, c) or self._in_digits(prev, c)) and (
                         (c not in r.follow and not r.anchor_margin) or a <= m - r.margin):
                     break
                 if k4 is None:
@@ -121,9 +123,29 @@ class SpliceRule:
         hi = len(w) - self.tailscan
         for p in range(hi, max(0, hi - ANCHOR_SEARCH), -1):
             c0, c = w[p - 1], w[p]
-            if self.info.anchor(c0, c) and c not in r.follow and (not r.nfc or info.nfc_safe(c0, c)):
+            if c in r.follow or (r.nfc and not info.nfc_safe(c0, c)):
+                continue
+            if info.anchor(c0, c) or (self._in_digits(c0, c) and self._group_start(w, p)):
                 return p
         return 0
+
+    def _in_digits(self, prev: str, c: str) -> bool:
+        """Both chars digits, in a family whose digit pieces have a fixed length (Rule 3):
+        a piece boundary between them stays one while the text before it stays."""
+        return bool(self.rules.digit_step) and self.info.cls(prev) == self.info.cls(c) == "N"
+
+    def _group_start(self, w: str, p: int) -> bool:
+        """Whether p starts a digit piece of w: ``digit_step`` digits after w's run start.
+
+        w starts at a piece boundary, so its digit groups are counted from the run's start
+        inside w (or from w's start, itself a group start)."""
+        step, cls = self.rules.digit_step, self.info.cls
+        if step == 1:
+            return True
+        q = p
+        while q > 0 and cls(w[q - 1]) == "N":
+            q -= 1
+        return (p - q) % step == 0
 
     def scan(self, w: str, ids_w: list[int], pos0: int, cnt0: int
              ) -> tuple[list[tuple[int, int]], bool]:
