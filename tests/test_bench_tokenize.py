@@ -57,3 +57,21 @@ def test_tokenize_bpe_suite(tmp_path, monkeypatch):
         assert r["kernel_cpu_ms"] > 0 and r["reference_ms"] > 0 and r["kernel_pieces"] > 0
     exact = [t for t in data["results"]["targets"] if t["target"].startswith("exact")]
     assert exact and exact[0]["met"] == "yes"
+
+
+def test_tokenize_tails_suite(tmp_path, monkeypatch):
+    from capsule.tools.bench import tokenize_tails
+    monkeypatch.setattr(tokenize_tails, "TAIL_KIB", 64)   # quick: 8 KiB tails
+    data = _run("tokenize-tails", tmp_path, steps=3)
+    runs = data["results"]["runs"]
+    shapes = {f.splice for f in all_families() if f.splice}
+    assert set(data["settings"]["families"]) == shapes
+    assert {r["tail"] for r in runs} == {"base64", "digits", "whitespace"}
+    assert len(runs) == 3 * len(shapes) and data["results"]["exact"] is True
+    for r in runs:
+        assert r["appends"] == 3 and r["tail_chars"] > 8 * 1024 and r["exact"] is True
+        assert r["p99_ms"] >= r["p50_ms"] > 0 and r["full_encode_ms"] > 0
+    # a digit run is cut by Rule 3 except under GPT-2's ' ?\p{N}+'; whitespace never is
+    small = {(r["shape"], r["tail"]) for r in runs if r["last_window_chars"] < 2000}
+    assert ("cl100k-pattern", "digits") in small and ("r50k-pattern", "digits") not in small
+    assert not any(t == "whitespace" for _, t in small)

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", parents=[common], help="run benchmark suites (all of them by default)")
     bench.add_argument("--suite", default=None, metavar="NAME,...",
-                       help="suites to run, comma-separated, from: decode, capsules, tokenize, tokenize-diff, "
+                       help="suites to run, comma-separated, from: decode, capsules, tokenize, tokenize-diff, tokenize-tails, "
                             "tokenize-bpe, memory, control, fleet, reliability (default: every suite, one "
                             "report with plots)")
     bench.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")

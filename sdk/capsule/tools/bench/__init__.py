@@ -67,6 +67,7 @@ def _lazy(module: str) -> Suite:
 SUITES: Mapping[str, Suite] = MappingProxyType({
     "decode": _lazy("decode"), "capsules": _lazy("capsules"), "tokenize": _lazy("tokenize"),
     "tokenize-diff": _lazy("tokenize_diff"), "tokenize-bpe": _lazy("tokenize_bpe"),
+    "tokenize-tails": _lazy("tokenize_tails"),
     "memory": _lazy("memory"), "control": _lazy("control"), "fleet": _lazy("fleet"),
     "reliability": _lazy("reliability")})
 

@@ -23,7 +23,7 @@ from . import SECTIONED, SUITES, BenchOptions, run_suite
 from .plots import PLOTS, draw_plots
 from .report import format_table, machine_info
 
-ORDER = ("decode", "capsules", "tokenize", "tokenize-diff", "tokenize-bpe", "memory", "control", "fleet",
+ORDER = ("decode", "capsules", "tokenize", "tokenize-diff", "tokenize-bpe", "tokenize-tails", "memory", "control", "fleet",
          "reliability")
 # --quick over several suites must end in ~3 minutes on a 2-core CPU: the memory suite then runs
 # these sections only (its accuracy and deviation sections alone take a minute), and the
