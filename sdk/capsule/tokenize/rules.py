@@ -106,7 +106,9 @@ def _make(kind: str, v: Verified, nfc: bool, pattern: str | None, specials: dict
           first: Any) -> Rules:
     info = CharInfo(v.marks_are_letters, v.cjk_stage, v.scheme)
     pairs = {s[i:i + 2] for s in specials for i in range(len(s) - 1)}
-    follow = {p[1] for p in pairs if info.anchor(p[0], p[1])}
+    # chars that may follow a provable boundary inside some special token (Rules 1 and 3)
+    follow = {p[1] for p in pairs if info.anchor(p[0], p[1])
+              or (v.digit_step and info.cls(p[0]) == info.cls(p[1]) == "N")}
     longest = max((len(s) for s in specials), default=0)
     ends = any(info.may_end_anchor(s[-1]) for s in specials)
     return Rules(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, specials, frozenset(first),
