@@ -423,3 +423,23 @@ def test_a_long_digit_run_keeps_windows_short(refs, family):
     fixed = rules_for(ref)[0].digit_step > 0
     assert fixed == (ref.pattern is None or "\\p{N}++" not in ref.pattern), family
     assert (tok.stats["last_window"] < 1000) == fixed, tok.stats
+
+
+def test_the_campaign_cuts_the_familys_own_special_tokens(monkeypatch):
+    # Rule 3 without the special-token margin for digit pairs inside special tokens splices
+    # wrongly on o200k_harmony's '<|reserved_20000' + '0|>': the campaign's hazard strings
+    # include each family's special tokens cut in two, so it must find that
+    import dataclasses
+
+    from capsule.tokenize import rules
+    orig = rules._make
+
+    def no_digit_margin(kind, v, nfc, pattern, specials, first):
+        r = orig(kind, v, nfc, pattern, specials, first)
+        info = rules.CharInfo(v.marks_are_letters, v.cjk_stage, v.scheme)
+        pairs = {s[i:i + 2] for s in specials for i in range(len(s) - 1)}
+        return dataclasses.replace(r, follow=frozenset(p[1] for p in pairs
+                                                       if info.anchor(p[0], p[1])))
+    monkeypatch.setattr(rules, "_make", no_digit_margin)
+    out = run_differential(["o200k_harmony"], n_checks=4000, seed=1)
+    assert out["families"]["o200k_harmony"]["divergences"] > 0

@@ -54,7 +54,20 @@ def corpus_files(seed: int, limit: int = 400) -> list[Path]:
     return files[:limit]
 
 
-def _texts(seed: int, max_chars: int) -> Iterable[tuple[str, str]]:
+def _own_hazards(ref: Any, seed: int) -> list[str]:
+    """Up to 24 of the family's own special tokens, whole and cut in two at a random point
+    (a digit run inside one, like o200k_harmony's <|reserved_200000|>, is a hazard of its own)."""
+    rng = random.Random(f"{seed}:specials")
+    specials = sorted(ref.special_tokens)
+    out: list[str] = []
+    for s in rng.sample(specials, min(24, len(specials))):
+        k = rng.randint(1, max(1, len(s) - 1))
+        out += [s, s[:k], s[k:]]
+    return out
+
+
+def _texts(seed: int, max_chars: int, hazard: list[str] = HAZARD
+           ) -> Iterable[tuple[str, str]]:
     """(source label, text) forever: files, the multilingual sample, hazard strings."""
     rng = random.Random(seed)
     files = corpus_files(seed)
@@ -76,7 +89,7 @@ def _texts(seed: int, max_chars: int) -> Iterable[tuple[str, str]]:
             yield f"multilingual@{start}", (MULTILINGUAL * 3)[start:start + n]
         else:
             n = rng.randint(1, 120)
-            yield "hazard", "".join(rng.choice(HAZARD) for _ in range(n))
+            yield "hazard", "".join(rng.choice(hazard) for _ in range(n))
 
 
 def _cuts(rng: random.Random, text: str) -> list[str]:
@@ -108,7 +121,7 @@ def run_differential(families: Iterable[str] | None = None, n_checks: int = 1000
         nfc = tok.normalizes_nfc
         checks = divergences = streams = 0
         t0 = time.perf_counter()
-        texts = _texts(seed, max_chars)
+        texts = _texts(seed, max_chars, HAZARD + _own_hazards(ref, seed))
         while checks < n_checks:
             label, text = next(texts)
             streams += 1
