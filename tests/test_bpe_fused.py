@@ -12,13 +12,14 @@ import random
 import pytest
 import torch
 
-from capsule.tokenize import family_names, load_reference
+from capsule.tokenize import load_reference
 from capsule.tokenize.differential import HAZARD, MULTILINGUAL, _texts
 from capsule.tokenize.tensor_bpe import TensorBpe
 from edge_kernels import bpe_fused
 from edge_kernels.bpe import (merge_pieces, merge_rows, pack_pieces, table_from_merges,
                               table_from_ranks, unpack)
 from edge_kernels.bpe_fused import hash_table, merge_packed_fused, merge_rows_fused
+from tokenizer_facts import windowed
 from test_tensor_bpe import CHARS, random_ranks, sequential_merges, sequential_ranks, toy_vocab
 
 assert importlib.util.find_spec("triton") is not None, \
@@ -123,7 +124,7 @@ def one_bucket(pieces: list[bytes], table, width: int) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("family", family_names())
+@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
 def test_real_vocabularies_equal_the_torch_loop(interpret, family):
     # the torch loop equals each reference (tests/test_tensor_bpe.py); here the fused kernel
     # equals it on the family's real merge table, over the pieces of a corpus slice
@@ -149,7 +150,7 @@ def test_tensor_bpe_triton_kernel_equals_reference(interpret):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("family", family_names())
+@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
 def test_fused_kernel_on_cuda_equals_reference_and_the_torch_loop(family):
     ref = load_reference(family)
     bpe = TensorBpe(ref, device="cuda", kernel="triton")

@@ -41,7 +41,8 @@ LEVELS: tuple[tuple[str, ...], ...] = (
 RANK = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 TOP_LEVEL_ROOMS = {"cli": "cli", "control": "control", "session": "session", "assembly": "session",
                    "errors": "base", "paths": "base", "safejson": "base", "stats": "base", "_version": "base",
-                   "cudagraph": "base", "trt_plan": "base", "sdnotify": "base", "digests": "base"}
+                   "cudagraph": "base", "trt_plan": "base", "sdnotify": "base", "digests": "base",
+                   "gguf_header": "base"}
 
 
 @dataclass(frozen=True)

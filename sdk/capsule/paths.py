@@ -1,9 +1,13 @@
-"""Where the SDK keeps its per-machine caches (a bottom room: anything may import it)."""
+"""Where the SDK keeps its per-machine caches, and how it maps a file (a bottom room: anything
+may import it)."""
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from pathlib import Path
+
+from .errors import ModelLoadError
 
 
 def cache_dir() -> Path:
@@ -31,3 +35,16 @@ def write_private(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def map_file(path: Path, min_size: int, kind: str, access: int = mmap.ACCESS_READ) -> mmap.mmap:
+    """The whole file memory-mapped (its len() is the file's size); ModelLoadError when it cannot
+    be read or is shorter than min_size bytes (not a `kind` file)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < max(min_size, 1):   # an empty file cannot be mapped
+                raise ModelLoadError(f"{path} is not a {kind} file ({size} bytes)")
+            return mmap.mmap(f.fileno(), 0, access=access)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror}") from None

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError, UnsupportedArchitecture
-from ..paths import cache_dir
+from ..paths import cache_dir, map_file
 from .config import ModelConfig
 from .gguf_file import SUPPORTED_TYPES, GGUFHeader, TensorInfo
 from .model import expected_shapes
-from .safetensors_mmap import map_file, read_safetensors
+from .safetensors_mmap import read_safetensors
 
 CACHE_FORMAT = "capsule-gguf-cache/1"   # bump when the conversion below changes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}

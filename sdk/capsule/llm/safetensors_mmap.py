@@ -14,24 +14,12 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelLoadError
+from ..paths import map_file
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
            "U8": torch.uint8, "BOOL": torch.bool}
 _MAX_HEADER = 100 * 2**20
-
-
-def map_file(path: Path, min_size: int, kind: str, access: int = mmap.ACCESS_READ) -> mmap.mmap:
-    """The whole file memory-mapped (its len() is the file's size); ModelLoadError when it cannot
-    be read or is shorter than min_size bytes (not a `kind` file)."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < max(min_size, 1):   # an empty file cannot be mapped
-                raise ModelLoadError(f"{path} is not a {kind} file ({size} bytes)")
-            return mmap.mmap(f.fileno(), 0, access=access)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:

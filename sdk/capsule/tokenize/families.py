@@ -197,12 +197,14 @@ def _config_eos(path: Path) -> list[str]:
 
 
 def tokenizer_json(path: Path, name: str, eos: Sequence[str] = (),
-                   read: Callable[[Path], bytes] = read_file) -> Parts:
+                   read: Callable[[Path], bytes] = read_file,
+                   hashed: Callable[[Path], bytes] | None = None) -> Parts:
     """A ``tokenizers.Tokenizer`` from a tokenizer.json, encoding with add_special_tokens=False.
 
     ``eos``: texts of the tokens that end a generation; () guesses them (the eos_token of a
     tokenizer_config.json beside the file, then ``KNOWN_EOS``). ``read(path)`` gives the JSON
-    bytes (a zip member, for a packaged zip); the fingerprint is their sha256.
+    bytes (a zip member, for a packaged zip); the fingerprint is the sha256 of
+    ``hashed(path)`` (default: those JSON bytes).
     """
     from tokenizers import Tokenizer
     stamp = file_stamp(path)
@@ -281,7 +283,8 @@ def tokenizer_json(path: Path, name: str, eos: Sequence[str] = (),
                  special_tokens=specials, pattern=None,
                  normalization="+".join(_normalizer_types(meta.get("normalizer"))) or None,
                  eos_ids=_eos(specials, eos or [*_config_eos(path), *KNOWN_EOS]),
-                 fingerprint=lambda: hashlib.sha256(read_unchanged(path, stamp, read)).hexdigest(),
+                 fingerprint=lambda: hashlib.sha256(
+                     read_unchanged(path, stamp, hashed or read)).hexdigest(),
                  piece_spans=piece_spans, byte_level=byte_level, pipeline=pipeline_of(meta))
 
 

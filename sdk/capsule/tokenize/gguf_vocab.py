@@ -9,6 +9,8 @@ the model's own Hugging Face tokenizer.json has, not llama.cpp's approximation o
   layout of the Hugging Face model that llama.cpp's converter names that way.
 - ``"llama"``: SentencePiece BPE as the Llama-2 tokenizer.json spells it: byte fallback, merges
   recovered from the scores as transformers does, ``Prepend("▁")`` + ``Replace(" ", "▁")``.
+- ``"gemma4"``: BPE over raw UTF-8 with the file's merges and byte fallback, ``Replace(" ", "▁")``
+  and no prefix, as transformers' GemmaTokenizer builds it.
 
 Control, unknown and user-defined tokens become added tokens (not normalized), with their
 own ids. A token text the file repeats keeps its last id, as llama.cpp and transformers do.
@@ -32,6 +34,7 @@ class PreTokenizer:
     nfc: bool                 # NFC normalizer (Qwen)
     ignore_merges: bool       # a piece that is a token is taken whole (Llama 3)
     add_bos: bool             # llama.cpp's default where the file has no add_bos_token
+    falcon: bool = False      # Falcon's: Punctuation, ByteLevel (GPT-2 regex), 3-digit groups
 
 
 GPT2 = PreTokenizer((), False, False, False, False)
@@ -48,6 +51,10 @@ PRE_TOKENIZERS: Mapping[str, PreTokenizer] = {
     "llama-v3": _LLAMA3,
     "llama-bpe": _LLAMA3,
     "deepseek-v3": PreTokenizer(DEEPSEEK_SPLITS, False, False, False, False),
+    "falcon": PreTokenizer((), False, False, False, False, falcon=True),
+    "refact": STARCODER,
+    "command-r": PreTokenizer((), True, True, False, False),   # Cohere's: NFC, then StarCoder's
+    "mpt": PreTokenizer((), False, True, False, False),        # GPT-NeoX-20B's: NFC, then GPT-2's
 }
 
 
@@ -65,9 +72,11 @@ def tokenizer_files(meta: Mapping[str, object]) -> dict[str, str]:
         doc, add_bos = _byte_level(v, pre), pre.add_bos
     elif v.model == "llama":
         doc, add_bos = _sentencepiece(v), True   # llama.cpp adds BOS to SPM unless told not to
+    elif v.model == "gemma4":
+        doc, add_bos = _gemma4(v), True          # llama.cpp forces BOS on for Gemma 4
     else:
-        raise fail(K + "model", f"is {v.model!r}; supported: 'gpt2' (byte-level BPE) and "
-                   "'llama' (SentencePiece BPE)")
+        raise fail(K + "model", f"is {v.model!r}; supported: 'gpt2' (byte-level BPE), "
+                   "'llama' (SentencePiece BPE) and 'gemma4' (BPE with byte fallback)")
     add_bos = add_bos if v.add_bos is None else v.add_bos
     add_eos = bool(v.add_eos)
     doc["post_processor"] = _template(v, add_bos, add_eos)
@@ -104,6 +113,12 @@ def _byte_level(v: GgufVocab, pre: PreTokenizer) -> dict[str, Any]:
     elif pre.digits:
         pre_tok = {"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": True}, _byte_level_step(True)]}
+    elif pre.falcon:
+        pre_tok = {"type": "Sequence", "pretokenizers": [
+            {"type": "Punctuation", "behavior": "Contiguous"}, _byte_level_step(True),
+            {"type": "Digits", "individual_digits": False},
+            {"type": "Split", "pattern": {"Regex": "[0-9][0-9][0-9]"}, "behavior": "Isolated",
+             "invert": False}]}
     else:
         pre_tok = _byte_level_step(True)
     return {"added_tokens": _added(v),
@@ -140,6 +155,20 @@ def _sentencepiece(v: GgufVocab) -> dict[str, Any]:
                           spm=True, ignore_merges=False)}
 
 
+def _gemma4(v: GgufVocab) -> dict[str, Any]:
+    if v.merges is None:
+        raise fail(K + "merges", "is missing; a gemma4 vocabulary needs its merges")
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    return {"added_tokens": _added(v), "normalizer": replace,
+            # a no-op after the normalizer (no spaces are left), kept as the model's file has it
+            "pre_tokenizer": {"type": "Split", "pattern": {"String": " "},
+                              "behavior": "MergedWithPrevious", "invert": False},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+            "model": _bpe(v, v.merges, unk=_token(v, "unknown"), spm=True, ignore_merges=False)}
+
+
 def spm_merges(tokens: Any, scores: Any) -> list[tuple[str, str]]:
     """Merges a SentencePiece BPE vocabulary implies, in transformers' ``generate_merges`` order.
 
@@ -167,12 +196,17 @@ def _bpe(v: GgufVocab, merges: Any, *, unk: str | None, spm: bool,
             "merges": [list(m) for m in merges]}
 
 
+# llama.cpp's converter pads a vocabulary up to the model's embedding rows with user-defined
+# "[PAD<id>]" tokens the model's own tokenizer does not have: they stay plain vocabulary
+# entries (no merge makes them), not added tokens matched in the text.
 def _added(v: GgufVocab) -> list[dict[str, Any]]:
     last = {t: i for i, t in enumerate(v.tokens)}
     return [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
              "normalized": False, "special": kind != USER_DEFINED}
             for i, (t, kind) in enumerate(zip(v.tokens, v.types))
-            if kind in (UNKNOWN, CONTROL, USER_DEFINED) and t and last[t] == i]
+            if kind in (UNKNOWN, CONTROL, USER_DEFINED) and t and last[t] == i
+            and not (kind == USER_DEFINED and t == f"[PAD{i}]")]
+
 
 
 # ---- post-processor and config ----------------------------------------------------------------

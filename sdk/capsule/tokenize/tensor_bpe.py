@@ -32,7 +32,8 @@ from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
 from .rules import CharInfo, rules_for
 
-_tables: dict[str, tuple[MergeTable, dict[bytes, int]]] = {}
+Table = tuple[MergeTable, dict[bytes, int], bytes]   # merges, whole pieces, dropped bytes
+_tables: dict[str, Table] = {}
 _tables_lock = threading.Lock()
 KERNELS = ("torch", "triton")
 
@@ -50,7 +51,7 @@ class TensorBpe:
         self.ref, self._nfc = ref, rules.nfc
         info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self._scanner = PieceScanner(ref, rules, info)
-        table, self._whole = _shared_table(ref)
+        table, self._whole, self._drop = _shared_table(ref)
         self.table = table.to(device)
         self.kernel = kernel
         self._merge = self._merger(kernel)
@@ -88,7 +89,13 @@ class TensorBpe:
         uniq = list(dict.fromkeys(p for plan in plans for p in plan if isinstance(p, bytes)))
         done = {p: [self._whole[p]] for p in uniq if p in self._whole}
         todo = [p for p in uniq if p not in done]
-        done.update(zip(todo, self.merge(todo)))
+        if self._drop:   # bytes without a symbol: tokenizers skips them, merging across them
+            kept = {p: p.translate(None, self._drop) for p in todo}
+            live = list(dict.fromkeys(k for k in kept.values() if k))
+            got = dict(zip(live, self.merge(live)))
+            done.update((p, got.get(k, [])) for p, k in kept.items())
+        else:
+            done.update(zip(todo, self.merge(todo)))
         out = []
         for plan in plans:
             ids: list[int] = []
@@ -126,8 +133,9 @@ class TensorBpe:
         return plan
 
 
-def _shared_table(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
-    """(merge table on CPU, whole-piece shortcut) per vocabulary, built once per process."""
+def _shared_table(ref: ReferenceTokenizer) -> Table:
+    """(merge table on CPU, whole-piece shortcut, dropped bytes) per vocabulary, built once per
+    process."""
     key = ref.fingerprint
     with _tables_lock:
         got = _tables.get(key)
@@ -137,7 +145,7 @@ def _shared_table(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]
     return got
 
 
-def _from_ranks(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
+def _from_ranks(ref: ReferenceTokenizer) -> Table:
     specials = set(ref.special_tokens.values())
     ranks: dict[bytes, int] = {}
     for i in range(ref.vocab_size):
@@ -147,10 +155,10 @@ def _from_ranks(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
             ranks[ref.decode_bytes([i])] = i   # tiktoken: a token's id is its rank
         except ValueError:
             continue   # an unassigned id (cl100k has a few)
-    return table_from_ranks(ranks), ranks   # tiktoken emits a piece that is a token as is
+    return table_from_ranks(ranks), ranks, b""   # tiktoken emits a piece that is a token as is
 
 
-def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[bytes, int]]:
+def _from_tokenizer_json(ref: ReferenceTokenizer) -> Table:
     name = ref.name
     path = registry.vocab_file(name)
     if path is None:
@@ -177,7 +185,11 @@ def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[byte
     # DeepSeek LLM/Coder keep the symbols of bytes that UTF-8 never holds (0xC0, 0xF5, ...) as
     # added tokens, not in the model's vocab: they name the byte's id all the same
     vocab = {**{c: added[c] for c in byte_chars if c not in vocab and c in added}, **vocab}
-    table = table_from_merges(vocab, merges, byte_chars)   # type: ignore[arg-type]
+    # Falcon, SmolLM2 and StarCoder lack some bytes' symbols (control bytes, 0xF1): tokenizers
+    # skips those bytes; id 0 stands in for them in the table, and encode removes them first
+    drop = bytes(b for b in range(256) if byte_chars[b] not in vocab)
+    table = table_from_merges({**{byte_chars[b]: 0 for b in drop}, **vocab}, merges,
+                              byte_chars)   # type: ignore[arg-type]
     whole: dict[bytes, int] = {}
     if model.get("ignore_merges"):   # tokenizers then emits a piece found in the vocab as is
         for tok, i in vocab.items():
@@ -185,4 +197,4 @@ def _from_tokenizer_json(ref: ReferenceTokenizer) -> tuple[MergeTable, dict[byte
                 whole[bytes(to_byte[c] for c in tok)] = i
             except KeyError:
                 continue
-    return table, whole
+    return table, whole, drop
