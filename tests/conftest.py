@@ -63,7 +63,8 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_RUN_TMP, ignore_errors=True)
 
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# one thread per pytest-xdist worker (the workers already fill the cores), else up to two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 def ort_cuda_missing() -> str | None:

@@ -31,6 +31,9 @@ def test_tokenize_suite(tmp_path):
         assert r["appends"] == 3
         assert r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"] and r["full_encode_ms"] > 0
         assert r["ratio_full_over_p50"] > 0
+        # the Gigatoken baseline (installed by make, --no-deps): timed and exact on the same text
+        assert r["gigatoken_full_ms"] > 0 and r["ratio_gigatoken_over_p50"] > 0, r["gigatoken_note"]
+        assert r["gigatoken_exact"] is True
         assert r["exact"] is True
     assert data["results"]["exact"] is True
     assert any(t["target"].startswith("exact") and t["met"] == "yes" for t in data["results"]["targets"])

@@ -4,7 +4,8 @@ For the first registered family of each library (cl100k_base for tiktoken, deeps
 tokenizers): a 100K / 1M / 3M-character context
 of real text (installed packages' .py files, read in sorted order) is loaded with an untimed
 ``reset``; then 1.4K-character appends of the text that follows are timed one by one (p50/p99),
-and a full ``reference.encode`` of the final text is timed in the same run (median of reps).
+and a full ``reference.encode`` of the final text is timed in the same run (median of reps),
+next to the same full encode by Gigatoken (``tokenize_baselines``; its ids are checked too).
 After the run ``tok.ids == reference.encode(tok.text)`` is checked (the exactness column).
 Timed runs use shadow_rate=0.0: no background shadow checks compete for the CPU.
 """
@@ -17,9 +18,10 @@ from typing import Any
 from ...tokenize.differential import PACKAGES
 from ...tokenize.incremental import IncrementalTokenizer
 from ...tokenize.reference import load_reference
-from ...tokenize.registry import all_families
+from ...tokenize.registry import all_families, get_family
 from ...tokenize.sources import package_dir
 from . import BenchOptions, SuiteResult
+from .tokenize_baselines import gigatoken_row
 from .timing import percentile, progress
 
 CONTEXTS, QUICK_CONTEXTS = (100_000, 1_000_000, 3_000_000), (100_000, 1_000_000)
@@ -87,7 +89,8 @@ def _one(family: str, ref: Any, corpus: str, ctx: int, appends: int, chars: int,
             "ratio_full_over_p50": full_s / p50 if p50 > 0 else None,
             "final_chars": len(text), "final_tokens": tok.num_tokens,
             "exact": tok.ids == expect,
-            "fallbacks": tok.stats["fallbacks"], "widenings": tok.stats["widenings"]}
+            "fallbacks": tok.stats["fallbacks"], "widenings": tok.stats["widenings"],
+            **gigatoken_row(get_family(family), ref, text, p50, reps)}
 
 
 def _targets(rows: list[dict[str, Any]], fams: dict[str, str]) -> list[dict[str, Any]]:
@@ -112,6 +115,11 @@ def _targets(rows: list[dict[str, Any]], fams: dict[str, str]) -> list[dict[str,
     exact = all(r["exact"] for r in rows)
     out.append({"target": "exact: tok.ids == reference.encode(tok.text) after every run",
                 "measured": str(exact), "met": "yes" if exact else "NO"})
+    giga = [r["gigatoken_exact"] for r in rows if r["gigatoken_exact"] is not None]
+    notes = sorted({r["gigatoken_note"] for r in rows if r["gigatoken_note"]})
+    out.append({"target": "baseline: Gigatoken's ids == the reference's (else its times mean less)",
+                "measured": str(all(giga)) if giga else "; ".join(notes),
+                "met": ("yes" if all(giga) else "NO") if giga else "not measured"})
     return out
 
 
@@ -136,6 +144,7 @@ def run(opts: BenchOptions) -> SuiteResult:
     targets = _targets(rows, fams)
     results = {"runs": rows, "targets": targets, "exact": all(r["exact"] for r in rows)}
     table = [{k: r[k] for k in ("family", "context_chars", "p50_ms", "p99_ms", "full_encode_ms",
-                                "ratio_full_over_p50", "exact")} for r in rows]
+                                "ratio_full_over_p50", "gigatoken_full_ms",
+                                "ratio_gigatoken_over_p50", "exact")} for r in rows]
     return SuiteResult(settings=settings, results=results,
                        tables={"append latency vs full encode": table, "targets": targets})
