@@ -166,7 +166,8 @@ def _round(cur: torch.Tensor, rank: torch.Tensor, merged: torch.Tensor, rmin: to
     return packed[:, :max(width, 2)]
 
 
-Packed = list[tuple[list[int], torch.Tensor]]   # per length bucket: piece indices, (b, w) ids
+# per length bucket: piece indices (a list, or a tensor on the device), (b, w) ids
+Packed = list[tuple["list[int] | torch.Tensor", torch.Tensor]]
 
 
 def pack_pieces(pieces: Sequence[bytes], table: MergeTable) -> Packed:
@@ -191,6 +192,44 @@ def pack_pieces(pieces: Sequence[bytes], table: MergeTable) -> Packed:
         gather = (starts[idx][:, None] + col[None, :]).clamp_(max=flat_ids.numel() - 1)
         packed.append((members.tolist(), torch.where(inside, flat_ids[gather], -1)))
     return packed
+
+
+def pack_spans(data: torch.Tensor, starts: torch.Tensor, table: MergeTable) -> Packed:
+    """``pack_pieces`` for pieces given as byte offsets into a UTF-8 tensor already on the
+    device: piece k is data[starts[k]:starts[k+1]] (the last one runs to the end). Piece
+    indices stay tensors: nothing goes to the host but the set of length buckets."""
+    n, dev = data.numel(), data.device
+    if starts.numel() == 0:
+        return []
+    ends = torch.cat([starts[1:], torch.tensor([n], device=dev)])
+    lengths = ends - starts                                                    # (P,) >= 1
+    flat_ids = table.byte_ids[data.long()]
+    bucket = torch.ceil(torch.log2(lengths.double())).long()
+    packed: Packed = []
+    for bk in torch.unique(bucket).tolist():
+        members = torch.nonzero(bucket == bk).flatten()
+        col = torch.arange(1 << bk, device=dev)
+        inside = col[None, :] < lengths[members][:, None]                      # (b, w)
+        gather = (starts[members][:, None] + col[None, :]).clamp_(max=n - 1)
+        packed.append((members, torch.where(inside, flat_ids[gather], -1)))
+    return packed
+
+
+def flatten(packed: Packed, n_pieces: int) -> torch.Tensor:
+    """All pieces' ids in piece order as one tensor, on the rows' device (no host copy)."""
+    if not packed:
+        return torch.zeros(0, dtype=torch.int64)
+    dev = packed[0][1].device
+    counts = torch.zeros(n_pieces, dtype=torch.int64, device=dev)
+    for members, rows in packed:
+        counts[torch.as_tensor(members, device=dev)] = (rows >= 0).sum(1)
+    offsets = torch.cumsum(counts, 0) - counts                                 # (P,) first slot
+    out = torch.empty(int(counts.sum()), dtype=torch.int64, device=dev)
+    for members, rows in packed:
+        keep = rows >= 0                                                       # left-aligned ids
+        slot = offsets[torch.as_tensor(members, device=dev)][:, None] + torch.cumsum(keep, 1) - 1
+        out[slot[keep]] = rows[keep]
+    return out
 
 
 def merge_packed(packed: Packed, table: MergeTable) -> Packed:

@@ -61,6 +61,10 @@ def test_tokenize_bpe_suite(tmp_path, monkeypatch):
     for r in runs:
         assert r["chars"] == 20_000 and r["exact"] is True
         assert r["kernel_cpu_ms"] > 0 and r["reference_ms"] > 0 and r["kernel_pieces"] > 0
+        # the regex split on tensors, for the GPT-family patterns: timed and piece-exact
+        gpt = r["family"] in ("cl100k_base", "r50k_base", "p50k_base", "llama3", "qwen2.5", "qwen3",
+                              "glm4", "glm4.5", "gpt-neox")
+        assert (r["split_cpu_ms"] is not None) == gpt and r["split_exact"] in ((True,) if gpt else (None,))
     exact = [t for t in data["results"]["targets"] if t["target"].startswith("exact")]
     assert exact and exact[0]["met"] == "yes"
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from capsule.errors import TokenizerError
 from capsule.tokenize import family_names, load_reference
-from capsule.tokenize.device_split import PATTERN_SPECS, DeviceSplitter, spec_of
+from capsule.tokenize.device_split import PATTERN_SPECS, DeviceSplitter, reference_spans, spec_of
 from capsule.tokenize.differential import HAZARD, MULTILINGUAL, _texts
 from edge_kernels.regex_split import SPECS, decode_utf8
 
@@ -23,12 +23,6 @@ SUPPORTED = {"cl100k_base": "cl100k", "r50k_base": "r50k", "p50k_base": "r50k", 
              "qwen2.5": "qwen2", "qwen3": "qwen2", "glm4": "llama3", "glm4.5": "llama3",
              "gpt-neox": "gpt2"}
 PATTERNS = {name: pat for pat, name in PATTERN_SPECS.items()}
-
-
-def reference_spans(ref, text: str) -> list[tuple[int, int]]:
-    if ref.pattern is not None:
-        return [m.span() for m in regex.finditer(ref.pattern.replace(r"\s++$", r"\s++\Z"), text)]
-    return ref.piece_spans(text)
 
 
 def pattern_spans(name: str, text: str) -> list[tuple[int, int]]:

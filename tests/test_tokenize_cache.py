@@ -71,12 +71,15 @@ def test_fresh_process_served_from_cache_equals_full_load(tmp_path):
     cached = _child(tmp_path)    # a later process: served from it
     for family in family_names():
         a, b = full[family], cached[family]
-        assert a.pop("ready") and not b.pop("ready"), family   # no encoder until first encode
+        # a decode table is cached for byte-level vocabularies; a SentencePiece one (llama2,
+        # phi3, gemma4) is served its identity from the cache, and decoding builds it
+        lazy = a["byte_level"]
+        assert a.pop("ready") and b.pop("ready") != lazy, family   # no encoder until first encode
         assert a.pop("ready_after") and b.pop("ready_after")
         print(f"{family}: full {a.pop('ms'):.1f} ms, cached {b.pop('ms'):.1f} ms")
         # served from the cache: identity and decoding without a full build; the first encode
         # builds the encoder once (a full load builds once, before anything else)
-        assert (a.pop("built"), b.pop("built")) == (1, 0), family
+        assert (a.pop("built"), b.pop("built")) == (1, 0 if lazy else 1), family
         assert a.pop("built_after") == b.pop("built_after") == 1, family
         assert a == b, family   # fingerprint, decode of 2000+ ids, encode, everything
         assert a["decoded"][-1] is None and a["decoded"][-2] is None   # -1 and max_id + 1

@@ -52,6 +52,21 @@ def spec_of(ref: object) -> Spec | None:
     return SPECS[name] if name is not None else None
 
 
+def reference_spans(ref: object, text: str) -> list[tuple[int, int]]:
+    """The pieces the family's own pre-tokenizer cuts ``text`` into (no special-token split):
+    its pattern run by the regex engine (``$`` as Rust's end of text), or its tokenizer.json
+    pre-tokenizer."""
+    pattern = getattr(ref, "pattern", None)
+    if pattern is not None:
+        if regex is None:
+            raise TokenizerError("reference_spans needs the regex package (pip install regex)")
+        return [m.span() for m in regex.finditer(pattern.replace(r"\s++$", r"\s++\Z"), text)]
+    spans = ref.piece_spans(text)   # type: ignore[attr-defined]
+    if spans is None:
+        raise TokenizerError(f"{getattr(ref, 'name', ref)}: no pre-tokenizer pieces to compare")
+    return spans
+
+
 def _single_split(pipeline: str | None) -> str | None:
     try:
         pre = json.loads(pipeline)["pre_tokenizer"] if pipeline else None

@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 ACCESS_KEY, SECRET_KEY = "capsule-test-access", "capsule-test-secret-key"
+PROBE_BUCKET = "capsule-ready-probe"   # start() round-trips an object here before returning
 _PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 
 
@@ -110,13 +111,36 @@ class LoopbackS3:
                 raise RuntimeError(f"weed mini exited at start; the end of {d}/weed.log:\n{log[-1500:]}")
             try:
                 urllib.request.urlopen(self.endpoint + "/", timeout=1).close()
-                return time.monotonic() - began
+                answered = True
             except urllib.error.HTTPError:      # 403: up, and asking for our key
-                return time.monotonic() - began
+                answered = True
             except OSError:
-                time.sleep(0.05)
+                answered = False
+            # the S3 gateway answers before its filer and volume server serve data (a read
+            # right after a restart got InternalError): ready once an object round-trips
+            if answered and self._round_trip():
+                return time.monotonic() - began
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"weed mini did not answer on {self.endpoint} within {timeout:g} s")
+
+    def _round_trip(self) -> bool:
+        """Whether an object can be written and read back (in the bucket PROBE_BUCKET)."""
+        import boto3
+        from botocore.config import Config
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2))
+        try:
+            try:
+                client.head_bucket(Bucket=PROBE_BUCKET)
+            except client.exceptions.ClientError:
+                client.create_bucket(Bucket=PROBE_BUCKET)
+            client.put_object(Bucket=PROBE_BUCKET, Key="probe", Body=b"ready")
+            return client.get_object(Bucket=PROBE_BUCKET, Key="probe")["Body"].read() == b"ready"
+        except Exception:   # noqa: BLE001 - not ready yet, whatever the error
+            return False
 
     def kill(self) -> None:
         """SIGKILL the server (an outage, or a crash mid-upload); start() brings it back."""

@@ -5,7 +5,9 @@ the pieces the kernel receives, packed once, merged ``reps`` times after one war
 CPU tensors and, when a CUDA GPU is present, on CUDA (timed with a synchronize) by both merge
 loops (``kernel="torch"`` and the fused Triton ``kernel="triton"``; a Triton failure is
 recorded as ``fused_error`` and leaves the other figures), the whole
-``TensorBpe.encode`` and a full ``reference.encode`` of the same text, and exactness.
+``TensorBpe.encode`` and a full ``reference.encode`` of the same text, and exactness; for the
+GPT-family patterns also the regex split on tensors and, on CUDA, the whole encode on the
+device (``tokenize_device``).
 CPU kernel speed is informational; the GPU target is 1M characters well under 10 ms.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ...tokenize.registry import all_families
 from ...tokenize.tensor_bpe import TensorBpe
 from . import BenchOptions, SuiteResult
 from .tokenize import real_text
+from .tokenize_device import device_columns
 
 CHARS, QUICK_CHARS = 1_000_000, 200_000
 REPS, QUICK_REPS = 3, 1
@@ -75,6 +78,7 @@ def measure_family(fam: str, text: str, reps: int, cuda: bool, cpu: bool = True,
         if fused:
             row.update(fused_cuda(ref, text, want, reps, pieces))
     row["exact"] = (bpe.encode(text) == want) if cpu else row["exact_cuda"]
+    row.update(device_columns(ref, text, want, reps, cpu, cuda, _median_ms))
     return row
 
 
