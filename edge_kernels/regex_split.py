@@ -37,13 +37,13 @@ class Spec:
     newline_alt: bool       # '\\s*[\\r\\n]' / '\\s*[\\r\\n]+' (both end after the run's last newline)
 
 
-SPECS = {
-    "cl100k": Spec("cl100k", True, "any", 3, True, True, True),
-    "llama3": Spec("llama3", True, "any", 3, True, False, True),
-    "qwen2": Spec("qwen2", True, "any", 1, True, False, True),
-    "r50k": Spec("r50k", False, "space", 0, False, True, False),
-    "gpt2": Spec("gpt2", False, "space", 0, False, False, False),
-}
+# keyed as capsule.tokenize.patterns.VERIFIED names the patterns
+SPECS = {s.name: s for s in (
+    Spec("cl100k-pattern", True, "any", 3, True, True, True),
+    Spec("llama3-pattern", True, "any", 3, True, False, True),
+    Spec("qwen2-pattern", True, "any", 1, True, False, True),
+    Spec("r50k-pattern", False, "space", 0, False, True, False),
+    Spec("gpt2-pattern", False, "space", 0, False, False, False))}
 
 
 def decode_utf8(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ import json
 
 from capsule.tools.bench import SUITES, BenchOptions, run_suite
 from capsule.tokenize import all_families, family_names
-from tokenizer_facts import windowed
+from tokenizer_facts import tensor_bpe_families
 
 
 def _run(name: str, tmp_path, steps: int) -> dict:
@@ -45,7 +45,7 @@ def test_tokenize_diff_suite(tmp_path):
     assert set(fams) == set(family_names())
     for name, f in fams.items():
         assert f["checks"] == 300 and f["divergences"] == 0
-        assert (f["bpe_checks"] > 0) == (name in windowed()) and f["bpe_divergences"] == 0
+        assert (f["bpe_checks"] > 0) == (name in tensor_bpe_families()) and f["bpe_divergences"] == 0
     total = {"checks": 300 * len(fams), "divergences": 0}
     assert data["results"]["total"] == {**data["results"]["total"], **total}
     assert data["results"]["divergences"] == []
@@ -56,8 +56,8 @@ def test_tokenize_bpe_suite(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenize_bpe, "QUICK_CHARS", 20_000)
     data = _run("tokenize-bpe", tmp_path, steps=1)
     runs = data["results"]["runs"]
-    assert {r["family"] for r in runs} == set(windowed())
-    assert data["settings"]["full_mode"] == [f for f in family_names() if f not in windowed()]
+    assert {r["family"] for r in runs} == set(tensor_bpe_families())
+    assert set(data["settings"]["not_run"]) == set(family_names()) - set(tensor_bpe_families())
     for r in runs:
         assert r["chars"] == 20_000 and r["exact"] is True
         assert r["kernel_cpu_ms"] > 0 and r["reference_ms"] > 0 and r["kernel_pieces"] > 0

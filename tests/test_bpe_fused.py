@@ -19,7 +19,7 @@ from edge_kernels import bpe_fused
 from edge_kernels.bpe import (merge_pieces, merge_rows, pack_pieces, table_from_merges,
                               table_from_ranks, unpack)
 from edge_kernels.bpe_fused import hash_table, merge_packed_fused, merge_rows_fused
-from tokenizer_facts import windowed
+from tokenizer_facts import tensor_bpe_families
 from test_tensor_bpe import CHARS, random_ranks, sequential_merges, sequential_ranks, toy_vocab
 
 assert importlib.util.find_spec("triton") is not None, \
@@ -124,7 +124,7 @@ def one_bucket(pieces: list[bytes], table, width: int) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
+@pytest.mark.parametrize("family", tensor_bpe_families())
 def test_real_vocabularies_equal_the_torch_loop(interpret, family):
     # the torch loop equals each reference (tests/test_tensor_bpe.py); here the fused kernel
     # equals it on the family's real merge table, over the pieces of a corpus slice
@@ -150,7 +150,7 @@ def test_tensor_bpe_triton_kernel_equals_reference(interpret):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
+@pytest.mark.parametrize("family", tensor_bpe_families())
 def test_fused_kernel_on_cuda_equals_reference_and_the_torch_loop(family):
     ref = load_reference(family)
     bpe = TensorBpe(ref, device="cuda", kernel="triton")

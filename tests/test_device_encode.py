@@ -46,8 +46,10 @@ def test_vocabularies_with_unreachable_whole_tokens_are_refused():
         DeviceEncoder(load_reference("llama3"))
     with pytest.raises(TokenizerError, match="GPT-family patterns"):
         DeviceEncoder(load_reference("deepseek-v4"))
-    with pytest.raises(TokenizerError, match="verified pipeline"):
+    with pytest.raises(TokenizerError, match="GPT-family patterns"):
         DeviceEncoder(load_reference("falcon"))
+    with pytest.raises(TokenizerError, match="verified pipeline"):
+        DeviceEncoder(load_reference("llama2"))
 
 
 @pytest.mark.cuda

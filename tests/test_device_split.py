@@ -19,9 +19,10 @@ from capsule.tokenize.device_split import PATTERN_SPECS, DeviceSplitter, referen
 from capsule.tokenize.differential import HAZARD, MULTILINGUAL, _texts
 from edge_kernels.regex_split import SPECS, decode_utf8
 
-SUPPORTED = {"cl100k_base": "cl100k", "r50k_base": "r50k", "p50k_base": "r50k", "llama3": "llama3",
-             "qwen2.5": "qwen2", "qwen3": "qwen2", "glm4": "llama3", "glm4.5": "llama3",
-             "gpt-neox": "gpt2"}
+SUPPORTED = {"cl100k_base": "cl100k-pattern", "r50k_base": "r50k-pattern",
+             "p50k_base": "r50k-pattern", "llama3": "llama3-pattern", "qwen2.5": "qwen2-pattern",
+             "qwen3": "qwen2-pattern", "glm4": "llama3-pattern", "glm4.5": "llama3-pattern",
+             "gpt-neox": "gpt2-pattern"}
 PATTERNS = {name: pat for pat, name in PATTERN_SPECS.items()}
 
 

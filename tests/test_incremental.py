@@ -424,7 +424,9 @@ def test_a_long_digit_run_keeps_windows_short(refs, family):
         tok.append(digits[i:i + 100])
     assert tok.ids == ref.encode("total: " + digits)
     fixed = rules_for(ref)[0].digit_step > 0
-    assert fixed == (get_family(family).splice not in ("r50k-pattern", "gpt2-pattern")), family
+    # digit runs without fixed groups: GPT-2's ' ?\p{N}+', Falcon's digit-run stage
+    assert fixed == (get_family(family).splice not in ("r50k-pattern", "gpt2-pattern",
+                                                       "falcon-splits")), family
     assert (tok.stats["last_window"] < 1000) == fixed, tok.stats
 
 

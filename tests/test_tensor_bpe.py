@@ -10,7 +10,7 @@ from capsule.tokenize import load_reference, run_differential
 from capsule.tokenize.differential import HAZARD, MULTILINGUAL, _texts
 from capsule.tokenize.tensor_bpe import TensorBpe
 from edge_kernels.bpe import merge_pieces, table_from_merges, table_from_ranks
-from tokenizer_facts import windowed
+from tokenizer_facts import tensor_bpe_families
 
 CHARS = [chr(0x61 + i) for i in range(256)]   # a stand-in "byte alphabet" for toy vocabularies
 
@@ -112,7 +112,7 @@ def test_kernel_rejects_empty_pieces_and_passes_single_bytes():
         merge_pieces([b""], table)
 
 
-@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
+@pytest.mark.parametrize("family", tensor_bpe_families())
 def test_tensor_bpe_equals_reference_on_corpus_slice(family):
     ref = load_reference(family)
     bpe = TensorBpe(ref)
@@ -137,7 +137,7 @@ def test_differential_campaign_checks_the_kernel():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("family", windowed())   # TensorBpe: a verified pipeline only
+@pytest.mark.parametrize("family", tensor_bpe_families())
 def test_tensor_bpe_on_cuda_equals_reference(family):
     ref = load_reference(family)
     bpe = TensorBpe(ref, device="cuda")

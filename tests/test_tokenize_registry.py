@@ -71,8 +71,8 @@ def test_record_loads_resolves_and_finds_its_files(name):
 
 
 # the families whose pipeline is not (yet) proven for the windowed path, and why
-FULL_MODE = {"falcon": "pre-tokenizer not in the verified set", "llama2": "not a byte-level BPE",
-             "phi3": "not a byte-level BPE", "gemma4": "not a byte-level BPE"}
+FULL_MODE = {"llama2": "not a byte-level BPE", "phi3": "not a byte-level BPE",
+             "gemma4": "not a byte-level BPE"}
 
 
 @pytest.mark.parametrize("name", family_names())

@@ -232,6 +232,13 @@ def windowed() -> tuple[str, ...]:
     return tuple(f.name for f in all_families() if f.splice is not None)
 
 
+def tensor_bpe_families() -> tuple[str, ...]:
+    """The registered families the tensor BPE encodes (verified, char-aligned pipelines)."""
+    from capsule.tokenize import load_reference
+    from capsule.tokenize.tensor_bpe import unsupported
+    return tuple(f for f in windowed() if not unsupported(load_reference(f, prefetch=False)))
+
+
 FACTS = {
     "cl100k_base": Facts(("<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>"),
                          ("<|endoftext|>",), 100276, None, _cl100k),

@@ -15,14 +15,15 @@ import torch
 from edge_kernels.regex_split import APOS, L, N, NL, SP, SPECS, W, Spec, split_utf8
 
 from ..errors import TokenizerError
-from .patterns import CL100K, GPT2, LLAMA3, QWEN2, R50K
+from .patterns import GPT2, VERIFIED, verified_key
 
 try:
     import regex
 except ImportError:   # an optional dependency: the splitter then says what to install
     regex = None
 
-PATTERN_SPECS = {CL100K: "cl100k", LLAMA3: "llama3", QWEN2: "qwen2", R50K: "r50k", GPT2: "gpt2"}
+# the verified single-regex pipelines the tensor splitter runs, by their pattern
+PATTERN_SPECS = {VERIFIED[key].splits[0]: key for key in SPECS}
 MAX_CODE_POINT = 0x110000
 
 
@@ -48,8 +49,8 @@ def spec_of(ref: object) -> Spec | None:
     pattern = getattr(ref, "pattern", None)
     if pattern is None:   # a tokenizer.json: one isolated Split, or ByteLevel's own regex
         pattern = _single_split(getattr(ref, "pipeline", None))
-    name = PATTERN_SPECS.get(pattern) if pattern is not None else None
-    return SPECS[name] if name is not None else None
+    key = verified_key((pattern,)) if pattern is not None else None
+    return SPECS.get(key) if key is not None else None
 
 
 def reference_spans(ref: object, text: str) -> list[tuple[int, int]]:

@@ -110,7 +110,7 @@ def run_differential(families: Iterable[str] | None = None, n_checks: int = 1000
 
     bpe: also encode every stream's final text with the tensor BPE (``TensorBpe``, batched 64
     texts per kernel pass) and compare it with the reference (``bpe_checks`` in the counts; 0
-    for a family in full mode, which the tensor BPE does not run).
+    for a family the tensor BPE does not run: ``tensor_bpe.unsupported``).
     families: names to check; None checks every registered family.
     """
     out: dict[str, Any] = {"seed": seed, "families": {}, "divergences": []}
@@ -118,9 +118,9 @@ def run_differential(families: Iterable[str] | None = None, n_checks: int = 1000
         ref = load_reference(fam)
         rng = random.Random(f"{seed}:{fam}")
         tok = IncrementalTokenizer(ref, shadow_rate=0.0)
-        # the tensor BPE runs the verified pipelines only; a full-mode family gets 0 bpe_checks
+        # the tensor BPE runs the verified char-aligned pipelines only; others get 0 bpe_checks
         kernel = (_BpeCheck(ref, fam, out["divergences"])
-                  if bpe and not tok.full_mode else None)
+                  if bpe and not _bpe_unsupported(ref) else None)
         nfc = tok.normalizes_nfc
         checks = divergences = streams = 0
         t0 = time.perf_counter()
@@ -160,6 +160,11 @@ def run_differential(families: Iterable[str] | None = None, n_checks: int = 1000
                                    if k in ("windows", "widenings", "fallbacks",
                                             "check_failures")}}
     return out
+
+
+def _bpe_unsupported(ref: Any) -> str:
+    from .tensor_bpe import unsupported   # torch, only when the tensor BPE is asked for
+    return unsupported(ref)
 
 
 class _BpeCheck:

@@ -29,6 +29,8 @@ O200K = (_CASED.replace("{c}", _CONTRACTION)
 TEKKEN = (_CASED.replace("{c}", "")
           + r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 DIGITS = "<Digits(individual_digits=True)>"   # tokenizers' Digits stage: each \p{N} a piece
+DIGIT_RUNS = "<Digits(individual_digits=False)>"   # ... each run of numeric chars a piece
+PUNCT = "<Punctuation(contiguous)>"   # each run of punctuation chars a piece
 CJK = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
 DEEPSEEK_SPLITS = (r"\p{N}{1,3}", CJK,
                    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
@@ -51,6 +53,8 @@ _DS_LETTERS = ("A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u029
 DEEPSEEK_LLM_SPLITS = ("[\r\n]", "\\s?[" + _DS_LETTERS + "]+",
                        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$",
                        "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", DIGITS)
+# Falcon: punctuation runs, GPT-2's regex (inside ByteLevel), digit runs, 3-digit groups
+FALCON_SPLITS = (PUNCT, GPT2, DIGIT_RUNS, "[0-9][0-9][0-9]")
 DEEPSEEK_CODER_SPLITS = ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
                          "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", DIGITS)
 
@@ -63,7 +67,8 @@ class Verified:
     cjk_stage: bool             # DeepSeek: CJK runs are isolated before the main split
     digit_step: int = 0         # digit pieces: 1 (\p{N}, Digits), 3 (\p{N}{1,3}), 0 (one per run)
     scheme: str = "runs"        # "runs": classes L N W O; "cased": o200k's; "isolated": only
-    #                             the pieces that newlines and digits make (docs/TOKENIZATION.md)
+    #                             the pieces that newlines and digits make; "punct": only the
+    #                             edges of ASCII punctuation and digit runs (docs/TOKENIZATION.md)
 
 
 VERIFIED = {
@@ -79,6 +84,7 @@ VERIFIED = {
     "tekken-pattern": Verified((TEKKEN,), True, False, 1, "cased"),
     "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, 1, "isolated"),
     "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, 1, "isolated"),
+    "falcon-splits": Verified(FALCON_SPLITS, False, False, 0, "punct"),
 }
 # Every char matches one of these single patterns' alternatives (tiktoken requires it), so a
 # tokenizers Split with them drops no gap: Removed + invert equals Isolated.

@@ -85,12 +85,17 @@ class PieceScanner:
         """Ends of the pre-tokenizer pieces of one ordinary segment."""
         spans = ([m.span() for m in self._re.finditer(seg)] if self._re is not None
                  else self._ref.piece_spans(seg))
+        ends: list[int] = []
         at = 0
         for s, e in spans:   # tiktoken patterns match every char; a gap means a disagreement
-            if s != at:
+            if s > at or e < s:
                 return []
-            at = e
-        return [e for _, e in spans]
+            if s < at:   # a cut inside a char (a stage after ByteLevel: Falcon's digit runs
+                ends[-1] = max(ends[-1], e)   # cut byte symbols): one piece with the one before
+            else:
+                ends.append(e)
+            at = ends[-1]
+        return ends
 
     def boundaries(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]] | None:
         """(char offset, token count) of every piece end in text, or None if the check fails."""

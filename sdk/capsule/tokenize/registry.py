@@ -242,7 +242,7 @@ BUILTIN = (
           ("refact", (), "refact", "digits-gpt2", ("<|endoftext|>",)),
           ("command-r", ("cohere",), "command-r", "digits-gpt2", ("<|END_OF_TURN_TOKEN|>",)),
           ("gpt-neox", ("mpt", "gpt-neox-20b"), "mpt", "gpt2-pattern", ("<|endoftext|>",)),
-          ("falcon", (), "falcon", None, ("<|endoftext|>",)),
+          ("falcon", (), "falcon", "falcon-splits", ("<|endoftext|>",)),
           # SentencePiece-style (not byte-level): exact, in full mode
           ("llama2", ("llama-2", "llama-spm"), "llama-spm", None, ("</s>",)),
           ("phi3", ("phi-3",), "phi-3", None, ("<|endoftext|>", "<|end|>")),

@@ -18,7 +18,8 @@ except ImportError:   # pragma: no cover
     regex = None
 
 from . import registry
-from .patterns import CJK, COVER_ALL, DIGITS, GPT2, VERIFIED, Verified, verified_key
+from .patterns import (CJK, COVER_ALL, DIGIT_RUNS, DIGITS, FALCON_SPLITS, GPT2, PUNCT, VERIFIED,
+                       Verified, verified_key)
 
 WHITE_SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
                         "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
@@ -134,39 +135,47 @@ def _normalizers(spec: Any) -> list[str] | None:
 def _splits(spec: Any) -> tuple[tuple[str, ...], bool] | None:
     """(stages, whether a stage drops gaps) of a verifiable pre-tokenizer, else None.
 
-    Verifiable: isolated Splits (or Removed + invert: matches kept, gaps dropped) and
-    Digits(individual_digits) stages, then a ByteLevel without a prefix space, whose GPT-2 regex
-    is one more stage when ``use_regex``.
+    Verifiable: isolated Splits (or Removed + invert: matches kept, gaps dropped), Digits and
+    Punctuation(contiguous) stages, and one ByteLevel without a prefix space, whose GPT-2 regex
+    is a stage of its own where it stands when ``use_regex``. It is the last stage, except in
+    Falcon's layout (``FALCON_SPLITS``), the only verified one with stages after it.
     """
     if not isinstance(spec, dict):
         return None
     steps = spec.get("pretokenizers") if spec.get("type") == "Sequence" else [spec]
-    if not isinstance(steps, list) or not steps:
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         return None
-    last = steps[-1]
-    if (not isinstance(last, dict) or last.get("type") != "ByteLevel"
-            or last.get("add_prefix_space") is not False):
+    levels = [i for i, s in enumerate(steps) if s.get("type") == "ByteLevel"]
+    if len(levels) != 1 or steps[levels[0]].get("add_prefix_space") is not False:
         return None
     out, drops = [], False
-    for s in steps[:-1]:
-        if not isinstance(s, dict):
-            return None
-        if s.get("type") == "Digits" and s.get("individual_digits") is True:
-            out.append(DIGITS)
+    for s in steps:
+        kind = s.get("type")
+        if kind == "ByteLevel":
+            if s.get("use_regex", True):
+                out.append(GPT2)
+            continue
+        if kind == "Digits" and isinstance(s.get("individual_digits"), bool):
+            out.append(DIGITS if s["individual_digits"] else DIGIT_RUNS)
+            continue
+        if kind == "Punctuation" and s.get("behavior") == "Contiguous":
+            out.append(PUNCT)
             continue
         pat = s.get("pattern")
-        if s.get("type") != "Split" or not isinstance(pat, dict) or "Regex" not in pat:
+        if kind != "Split" or not isinstance(pat, dict) or "Regex" not in pat:
             return None
         if (s.get("behavior"), bool(s.get("invert"))) == ("Removed", True):
             drops = True
         elif (s.get("behavior"), bool(s.get("invert"))) != ("Isolated", False):
             return None
         out.append(pat["Regex"])
-    if last.get("use_regex", True):
-        out.append(GPT2)
+    if levels[0] != len(steps) - 1 and tuple(out) != FALCON_SPLITS:
+        return None
     return tuple(out), drops
 
 
+# tokenizers' is_punctuation: ASCII punctuation, or a P* category
+_ASCII_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 _GROUP = {"L": "X", "M": "X", "O": "X", "S": "X", "W": "W", "R": "W", "N": "N"}
 
 
@@ -180,7 +189,7 @@ class CharInfo:
     """
 
     def __init__(self, marks_are_letters: bool, cjk_stage: bool, scheme: str = "runs") -> None:
-        if scheme not in ("runs", "cased", "isolated"):
+        if scheme not in ("runs", "cased", "isolated", "punct"):
             raise ValueError(f"unknown run-class scheme {scheme!r}")
         self._marks, self._cjk, self._scheme = marks_are_letters, cjk_stage, scheme
         self._cased = scheme == "cased"
@@ -197,8 +206,8 @@ class CharInfo:
 
     def change(self, left: str, right: str) -> bool:
         """Whether classes ``left`` then ``right`` make a class change the run rule counts."""
-        if left == right or left == "?" or right == "?" or self._scheme == "isolated":
-            return False   # "isolated": no run rule, only anchors
+        if left == right or left == "?" or right == "?" or self._scheme in ("isolated", "punct"):
+            return False   # "isolated", "punct": no run rule, only anchors
         if self._cased:
             return _GROUP[left] != _GROUP[right] and {left, right} != {"R", "S"}
         return True
@@ -208,6 +217,13 @@ class CharInfo:
         k0, k1 = self.cls(prev), self.cls(c)
         if self._scheme == "isolated":   # every newline and digit is a piece of its own
             return "?" not in (k0, k1) and ("R" in (k0, k1) or "N" in (k0, k1))
+        if self._scheme == "punct":   # the edge of an ASCII punctuation run or digit run
+            if "?" in (k0, k1):
+                return False
+            # a run edge whose run side is ASCII (the same class in every Unicode version)
+            punct = (k0 in "PQ") != (k1 in "PQ") and "P" in (k0, k1)
+            digit = (k0 in "DN") != (k1 in "DN") and "D" in (k0, k1)
+            return punct or digit
         if k1 == "?" or k1 == k0:
             return False
         if self._cased:   # a letter run may go on with marks or a contraction ("don't")
@@ -216,7 +232,7 @@ class CharInfo:
 
     def may_end_anchor(self, c: str) -> bool:
         """Whether a special token ending in ``c`` could end right before an anchor."""
-        return self._scheme == "isolated" or self.cls(c) in "LNK"
+        return self._scheme in ("isolated", "punct") or self.cls(c) in "LNK"
 
     def _compute(self, c: str) -> str:
         if self._cjk and _CJK1.match(c):
@@ -225,6 +241,8 @@ class CharInfo:
             return "S" if c == "/" else "R"
         if self._scheme == "isolated" and c in "\r\n":
             return "R"
+        if self._scheme == "punct":
+            return self._punct_class(c)
         if c in WHITE_SPACE:
             return "W"
         m = _CAT.match(c)
@@ -239,6 +257,17 @@ class CharInfo:
         if m.group(3):
             return "M" if self._cased else "L" if self._marks else "O"
         return "N" if m.group(4) else "O"
+
+    @staticmethod
+    def _punct_class(c: str) -> str:
+        """Falcon's classes: P ASCII punctuation, D ASCII digit (certain in every Unicode
+        version), Q other punctuation, N other numeric, X the rest, ? unassigned here."""
+        if c < "\x80":
+            return "P" if c in _ASCII_PUNCT else "D" if "0" <= c <= "9" else "X"
+        cat = unicodedata.category(c)
+        if cat in ("Cn", "Cs", "Co"):
+            return "?"
+        return "Q" if cat[0] == "P" else "N" if cat[0] == "N" else "X"
 
     def nfc_safe(self, prev: str, c: str) -> bool:
         """True when NFC(X + prev + c + Y) == NFC(X + prev) + NFC(c + Y) for all X, Y.

@@ -45,9 +45,11 @@ class TensorBpe:
                  kernel: str = "torch") -> None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        rules, why = rules_for(ref)
-        if rules is None:
-            raise TokenizerError(f"{ref.name}: the tensor BPE needs a verified pipeline ({why})")
+        why = unsupported(ref)
+        if why:
+            raise TokenizerError(f"{ref.name}: the tensor BPE cannot run it ({why})")
+        rules, _ = rules_for(ref)
+        assert rules is not None   # unsupported() checked it
         self.ref, self._nfc = ref, rules.nfc
         info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self._scanner = PieceScanner(ref, rules, info)
@@ -131,6 +133,20 @@ class TensorBpe:
                                      f"surrogate?): {exc}") from exc
                 at = end
         return plan
+
+
+def unsupported(ref: ReferenceTokenizer) -> str:
+    """Why the tensor BPE cannot encode like ``ref`` ("" when it can).
+
+    It needs a verified pipeline whose pieces are whole characters: Falcon's stages after
+    ByteLevel cut some characters' byte symbols apart (the incremental tokenizer's pieces join
+    them back, which the splice needs, but BPE must not merge across such a cut)."""
+    rules, why = rules_for(ref)
+    if rules is None:
+        return f"needs a verified pipeline: {why}"
+    if rules.scheme == "punct":
+        return "its pre-tokenizer cuts inside characters (stages after ByteLevel)"
+    return ""
 
 
 def _shared_table(ref: ReferenceTokenizer) -> Table:

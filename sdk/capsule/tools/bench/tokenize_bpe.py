@@ -22,7 +22,7 @@ from edge_kernels.bpe import merge_packed, pack_pieces
 
 from ...tokenize.reference import load_reference
 from ...tokenize.registry import all_families
-from ...tokenize.tensor_bpe import TensorBpe
+from ...tokenize.tensor_bpe import TensorBpe, unsupported
 from . import BenchOptions, SuiteResult
 from .tokenize import real_text
 from .tokenize_device import device_columns
@@ -110,8 +110,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     cuda = torch.cuda.is_available() and opts.device in ("auto", "cuda")
     text = real_text(n)
     rows = []
-    # the tensor BPE runs the verified pipelines; full-mode families are listed, not measured
-    names = [f.name for f in all_families() if f.splice is not None]
+    # the tensor BPE runs the verified char-aligned pipelines; the others are listed, not measured
+    refs = {f.name: load_reference(f.name, prefetch=False) for f in all_families()}
+    names = [n for n, r in refs.items() if not unsupported(r)]
     for fam in names:
         rows.append(measure_family(fam, text, reps, cuda))
         if opts.progress:
@@ -135,7 +136,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                                                             for r in rows if r.get("fused_error")),
                         "met": "yes" if fused_ok else "NO"})
     settings = {"chars": n, "reps": reps, "families": names, "cuda": cuda,
-                "full_mode": [f.name for f in all_families() if f.splice is None],
+                "not_run": {n: unsupported(r) for n, r in refs.items() if unsupported(r)},
                 "text": "installed .py sources in sorted order (as the tokenize suite)",
                 "kernel": "pieces that are not whole tokens, packed once; merge rounds only",
                 "quick": opts.quick}
