@@ -67,9 +67,9 @@ def test_splits_equal_the_pattern_on_hazard_strings(name, parts):
     assert split.spans(text) == pattern_spans(name, text), repr(text)
 
 
-class _Ref:
+class _Ref:   # a tiktoken-style tokenizer: a pattern, no normalizer
     def __init__(self, pattern: str) -> None:
-        self.name, self.pattern = "pattern", pattern
+        self.name, self.pattern, self.normalization = "pattern", pattern, None
 
 
 _SPLITTERS: dict[str, DeviceSplitter] = {}

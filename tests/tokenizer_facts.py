@@ -133,7 +133,7 @@ def _zipped(folder: str) -> Callable[[], tuple[Encode, str]]:
 
 def llama_cpp_vocab(name: str) -> Path:
     """A vocabulary GGUF that make copies out of the llama-cpp-python sdist."""
-    path = Path(sys.prefix) / "share" / "capsule-vocab" / "llama.cpp" / f"ggml-vocab-{name}.gguf"
+    path = package_file("share:llama.cpp", f"ggml-vocab-{name}.gguf")
     assert path.is_file(), f"{path} is missing: run make (packaging/llama_cpp_vocabs.py)"
     return path
 

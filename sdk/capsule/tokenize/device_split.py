@@ -8,14 +8,14 @@ device. The class table is built once per process from the ``regex`` engine's ow
 from __future__ import annotations
 
 import functools
-import json
 
 import torch
 
 from edge_kernels.regex_split import APOS, L, N, NL, SP, SPECS, W, Spec, split_utf8
 
 from ..errors import TokenizerError
-from .patterns import GPT2, VERIFIED, verified_key
+from .patterns import VERIFIED
+from .rules import pipeline_key, python_pattern
 
 try:
     import regex
@@ -45,11 +45,9 @@ def class_table() -> torch.Tensor:
 
 
 def spec_of(ref: object) -> Spec | None:
-    """The Spec of a tokenizer's pre-tokenizer when it is one GPT-family pattern, else None."""
-    pattern = getattr(ref, "pattern", None)
-    if pattern is None:   # a tokenizer.json: one isolated Split, or ByteLevel's own regex
-        pattern = _single_split(getattr(ref, "pipeline", None))
-    key = verified_key((pattern,)) if pattern is not None else None
+    """The Spec of a tokenizer's pre-tokenizer when it is a verified GPT-family pattern (a
+    tiktoken pattern, or a tokenizer.json's one Split or ByteLevel regex), else None."""
+    key = pipeline_key(ref)
     return SPECS.get(key) if key is not None else None
 
 
@@ -61,32 +59,11 @@ def reference_spans(ref: object, text: str) -> list[tuple[int, int]]:
     if pattern is not None:
         if regex is None:
             raise TokenizerError("reference_spans needs the regex package (pip install regex)")
-        return [m.span() for m in regex.finditer(pattern.replace(r"\s++$", r"\s++\Z"), text)]
+        return [m.span() for m in regex.finditer(python_pattern(pattern), text)]
     spans = ref.piece_spans(text)   # type: ignore[attr-defined]
     if spans is None:
         raise TokenizerError(f"{getattr(ref, 'name', ref)}: no pre-tokenizer pieces to compare")
     return spans
-
-
-def _single_split(pipeline: str | None) -> str | None:
-    try:
-        pre = json.loads(pipeline)["pre_tokenizer"] if pipeline else None
-    except (ValueError, KeyError, TypeError):
-        return None
-    steps = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" \
-        else [pre]
-    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
-        return None
-    last = steps[-1]
-    if last.get("type") != "ByteLevel" or last.get("add_prefix_space") is not False:
-        return None
-    if len(steps) == 1:
-        return GPT2 if last.get("use_regex", True) else None
-    split = steps[0]
-    if (len(steps) != 2 or last.get("use_regex", True) or split.get("type") != "Split"
-            or (split.get("behavior"), bool(split.get("invert"))) != ("Isolated", False)):
-        return None
-    return (split.get("pattern") or {}).get("Regex")
 
 
 class DeviceSplitter:

@@ -67,9 +67,20 @@ def rules_for(ref: Any) -> tuple[Rules | None, str]:
         return None, (f"{fam.name}'s pipeline is the verified {key!r}, not the {fam.splice!r} "
                       "its record names; fix the record's splice")
     v = VERIFIED[key]
-    # Rust's $ is the end of the text only
-    pattern = ref.pattern.replace(r"\s++$", r"\s++\Z") if kind == "regex" else None
+    pattern = python_pattern(ref.pattern) if kind == "regex" else None
     return _make(kind, v, nfc, pattern, dict(ref.special_tokens), first), ""
+
+
+def python_pattern(pattern: str) -> str:
+    """A tiktoken pattern as the ``regex`` package must spell it: Rust's ``$`` is the end of the
+    text only."""
+    return pattern.replace(r"\s++$", r"\s++\Z")
+
+
+def pipeline_key(ref: Any) -> str | None:
+    """The key in ``VERIFIED`` that a tokenizer's pipeline equals, else None."""
+    found = _pipeline(ref)
+    return None if isinstance(found, str) else found[1]
 
 
 def _pipeline(ref: Any) -> tuple[str, str, bool, tuple[str, ...]] | str:

@@ -30,7 +30,7 @@ from .families import byte_alphabet
 from .packaged import read_vocab_json
 from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
-from .rules import CharInfo, rules_for
+from .rules import CharInfo, Rules, rules_for
 
 Table = tuple[MergeTable, dict[bytes, int], bytes]   # merges, whole pieces, dropped bytes
 _tables: dict[str, Table] = {}
@@ -45,11 +45,9 @@ class TensorBpe:
                  kernel: str = "torch") -> None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        why = unsupported(ref)
-        if why:
+        rules, why = _usable_rules(ref)
+        if rules is None:
             raise TokenizerError(f"{ref.name}: the tensor BPE cannot run it ({why})")
-        rules, _ = rules_for(ref)
-        assert rules is not None   # unsupported() checked it
         self.ref, self._nfc = ref, rules.nfc
         info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self._scanner = PieceScanner(ref, rules, info)
@@ -136,17 +134,22 @@ class TensorBpe:
 
 
 def unsupported(ref: ReferenceTokenizer) -> str:
-    """Why the tensor BPE cannot encode like ``ref`` ("" when it can).
+    """Why the tensor BPE cannot encode like ``ref`` ("" when it can)."""
+    return _usable_rules(ref)[1]
+
+
+def _usable_rules(ref: ReferenceTokenizer) -> tuple[Rules | None, str]:
+    """(the splice rules, "") when the tensor BPE can encode like ``ref``, else (None, why).
 
     It needs a verified pipeline whose pieces are whole characters: Falcon's stages after
     ByteLevel cut some characters' byte symbols apart (the incremental tokenizer's pieces join
     them back, which the splice needs, but BPE must not merge across such a cut)."""
     rules, why = rules_for(ref)
     if rules is None:
-        return f"needs a verified pipeline: {why}"
+        return None, f"needs a verified pipeline: {why}"
     if rules.scheme == "punct":
-        return "its pre-tokenizer cuts inside characters (stages after ByteLevel)"
-    return ""
+        return None, "its pre-tokenizer cuts inside characters (stages after ByteLevel)"
+    return rules, ""
 
 
 def _shared_table(ref: ReferenceTokenizer) -> Table:

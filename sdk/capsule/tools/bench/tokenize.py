@@ -21,7 +21,7 @@ from ...tokenize.reference import load_reference
 from ...tokenize.registry import all_families, get_family
 from ...tokenize.sources import package_dir
 from . import BenchOptions, SuiteResult
-from .tokenize_baselines import gigatoken_row
+from .tokenize_baselines import Baseline, gigatoken_encoder, gigatoken_row
 from .timing import percentile, progress
 
 CONTEXTS, QUICK_CONTEXTS = (100_000, 1_000_000, 3_000_000), (100_000, 1_000_000)
@@ -65,7 +65,7 @@ def real_text(n_chars: int) -> str:
 
 
 def _one(family: str, ref: Any, corpus: str, ctx: int, appends: int, chars: int, reps: int,
-         show: bool) -> dict[str, Any]:
+         show: bool, baseline: Baseline) -> dict[str, Any]:
     tok = IncrementalTokenizer(ref, shadow_rate=0.0)
     tok.reset(corpus[:ctx])  # untimed
     lat = []
@@ -90,7 +90,7 @@ def _one(family: str, ref: Any, corpus: str, ctx: int, appends: int, chars: int,
             "final_chars": len(text), "final_tokens": tok.num_tokens,
             "exact": tok.ids == expect,
             "fallbacks": tok.stats["fallbacks"], "widenings": tok.stats["widenings"],
-            **gigatoken_row(get_family(family), ref, text, p50, reps)}
+            **gigatoken_row(baseline, ref, text, p50, reps)}
 
 
 def _targets(rows: list[dict[str, Any]], fams: dict[str, str]) -> list[dict[str, Any]]:
@@ -139,8 +139,10 @@ def run(opts: BenchOptions) -> SuiteResult:
     for fam in fams:
         ref = load_reference(fam)
         ref.encode("warm up")  # builds a lazily loaded encoder outside the timings
+        baseline = gigatoken_encoder(get_family(fam), ref.special_tokens)   # loaded once
         for ctx in contexts:
-            rows.append(_one(fam, ref, corpus, ctx, appends, APPEND_CHARS, reps, opts.progress))
+            rows.append(_one(fam, ref, corpus, ctx, appends, APPEND_CHARS, reps, opts.progress,
+                             baseline))
     targets = _targets(rows, fams)
     results = {"runs": rows, "targets": targets, "exact": all(r["exact"] for r in rows)}
     table = [{k: r[k] for k in ("family", "context_chars", "p50_ms", "p99_ms", "full_encode_ms",

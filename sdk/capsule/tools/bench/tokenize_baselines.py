@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ...tokenize.packaged import read_vocab_json
 from ...tokenize.registry import Family
 
 Encode = Callable[[str], list[int]]
+Baseline = tuple[Optional[Encode], str]   # (encode, "") or (None, why not)
 # splice rule -> gigatoken's name for that regex scheme (tiktoken rank files carry none)
 GIGATOKEN_SCHEMES = {"cl100k-pattern": "cl100k", "r50k-pattern": "r50k", "o200k-pattern": "o200k",
                      "qwen2-pattern": "qwen2", "qwen3.5-pattern": "qwen35"}
 
 
-def gigatoken_encoder(fam: Family, special_tokens: dict[str, int]) -> tuple[Encode | None, str]:
+def gigatoken_encoder(fam: Family, special_tokens: dict[str, int]) -> Baseline:
     """(encode, "") for the family's vocabulary through gigatoken, or (None, why not)."""
     try:
         import gigatoken
@@ -54,9 +55,11 @@ def time_full(encode: Encode, text: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def gigatoken_row(fam: Family, ref: Any, text: str, p50_s: float, reps: int) -> dict[str, Any]:
-    """The gigatoken columns of one run: full encode, ratio to the append p50, exactness."""
-    encode, why = gigatoken_encoder(fam, ref.special_tokens)
+def gigatoken_row(baseline: Baseline, ref: Any, text: str, p50_s: float, reps: int
+                  ) -> dict[str, Any]:
+    """The gigatoken columns of one run (``baseline`` from ``gigatoken_encoder``): full encode,
+    ratio to the append p50, exactness."""
+    encode, why = baseline
     if encode is None:
         return {"gigatoken_full_ms": None, "ratio_gigatoken_over_p50": None,
                 "gigatoken_exact": None, "gigatoken_note": why}

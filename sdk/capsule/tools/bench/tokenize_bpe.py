@@ -111,8 +111,9 @@ def run(opts: BenchOptions) -> SuiteResult:
     text = real_text(n)
     rows = []
     # the tensor BPE runs the verified char-aligned pipelines; the others are listed, not measured
-    refs = {f.name: load_reference(f.name, prefetch=False) for f in all_families()}
-    names = [n for n, r in refs.items() if not unsupported(r)]
+    why_not = {f.name: unsupported(load_reference(f.name, prefetch=False))
+               for f in all_families()}
+    names = [n for n, why in why_not.items() if not why]
     for fam in names:
         rows.append(measure_family(fam, text, reps, cuda))
         if opts.progress:
@@ -136,7 +137,7 @@ def run(opts: BenchOptions) -> SuiteResult:
                                                             for r in rows if r.get("fused_error")),
                         "met": "yes" if fused_ok else "NO"})
     settings = {"chars": n, "reps": reps, "families": names, "cuda": cuda,
-                "not_run": {n: unsupported(r) for n, r in refs.items() if unsupported(r)},
+                "not_run": {n: why for n, why in why_not.items() if why},
                 "text": "installed .py sources in sorted order (as the tokenize suite)",
                 "kernel": "pieces that are not whole tokens, packed once; merge rounds only",
                 "quick": opts.quick}

@@ -18,6 +18,7 @@ from typing import Any
 from ...tokenize import IncrementalTokenizer, load_reference
 from ...tokenize.registry import all_families
 from . import BenchOptions, SuiteResult
+from .timing import percentile
 
 TAIL_KIB = 512
 APPEND_CHARS = 100
@@ -52,8 +53,7 @@ def _one(family: str, kind: str, tail: str, appends: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     want = ref.encode(text)
     full = time.perf_counter() - t0
-    lat.sort()
-    p50, p99 = statistics.median(lat), lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    p50, p99 = statistics.median(lat), percentile(lat, 99)
     return {"family": family, "tail": kind, "tail_chars": len(text), "appends": len(lat),
             "p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
             "full_encode_ms": round(full * 1e3, 1), "ratio_full_over_p50": round(full / p50, 1),
