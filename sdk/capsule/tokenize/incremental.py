@@ -18,6 +18,7 @@ from bisect import bisect_right
 from typing import Any, Mapping
 
 from . import incremental_state as state
+from .long_piece import LONG_MIN, Encoded, LongPieces
 from .reference import load_reference
 from .rules import rules_for
 from .shadow import ShadowVerifier
@@ -40,6 +41,7 @@ class IncrementalTokenizer:
         self._ref = reference
         self._rules, self.full_reason = rules_for(reference)
         self._rule_built: SpliceRule | None = None   # built on the first edit (a restore needs none)
+        self._long: LongPieces | None = None
         self._full_mode = self._rules is None
         self._capsule = state.ChunkCache()
         me = weakref.ref(self)
@@ -47,7 +49,8 @@ class IncrementalTokenizer:
                                       else reference, reference.name, shadow_rate, seed,
                                       lambda: IncrementalTokenizer._diverged(me))
         self._stats = dict.fromkeys(("appends", "windows", "widenings", "fallbacks",
-                                     "check_failures", "window_chars", "last_window"), 0)
+                                     "check_failures", "window_chars", "last_window",
+                                     "long_pieces"), 0)
         self._clear()
 
     @classmethod
@@ -80,6 +83,8 @@ class IncrementalTokenizer:
         self._tail = ""
         self._tids: list[int] = []
         self._bpos, self._bcnt = [0], [0]
+        if self._long is not None:
+            self._long.seen = None
 
     @property
     def _rule(self) -> SpliceRule:
@@ -194,7 +199,11 @@ class IncrementalTokenizer:
         if i is None:
             return self._rebuild(self.text_slice(0, base) + t, admit=admit)
         a = self._bpos[i] - base
-        sp = self._window(t, a, self._bcnt[i], i, admit)
+        sp = self._long_window(t, a, m, i, admit) if len(t) - a >= LONG_MIN else None
+        if sp is None:
+            sp = self._window(t, a, self._bcnt[i], i, admit)
+        elif a == 0:
+            a = -1   # the long piece's merges were redone near the edit only: no fallback
         if a == 0 and base == 0 and tail:
             self._stats["fallbacks"] += 1   # no later boundary qualified: a full encode
         if self._shadow.sample():
@@ -210,12 +219,41 @@ class IncrementalTokenizer:
             admit(cnt_a + len(ids_w))           # before any change: a refusal leaves no trace
         new_b, failed = self._rule.scan(w, ids_w, self._base + a, cnt_a)
         self._stats["check_failures"] += failed
-        old = self._tids
         rel_n = cnt_a - self._base_n
-        extra = common(old[rel_n:], ids_w) if len(old) > rel_n else 0
-        del old[rel_n + extra:]
-        old.extend(ids_w[extra:])
-        self._capsule.touch(self._base + a, cnt_a + extra)
+        extra = common(self._tids[rel_n:], ids_w) if len(self._tids) > rel_n else 0
+        if self._long is not None:
+            self._long.forget_from(self._base + a)
+        return self._apply(t, i, cnt_a + extra, ids_w[extra:], new_b, self._base + a, len(w))
+
+    def _long_window(self, t: str, a: int, m: int, i: int, admit: Admit) -> Splice | None:
+        """The window t[a:] through LongPieces when it holds one long piece; None otherwise."""
+        if self._long is None:
+            self._long = LongPieces(self._ref, self._rule.scanner)
+        base = self._base
+        w = t[a:]
+        enc: Encoded | None = self._long.encode(w, base + a, self._bcnt[i], self._tids,
+                                                self._base_n)
+        if enc is None:
+            return None
+        if admit is not None:
+            admit(enc.total)
+        new_b: list[tuple[int, int]] = []
+        if enc.rest:
+            rest = w[enc.end - base - a:]
+            new_b, failed = self._rule.scan(rest, enc.rest, enc.end, enc.total - len(enc.rest))
+            self._stats["check_failures"] += failed
+        self._long.seen = enc.seen
+        self._stats["long_pieces"] += 1
+        return self._apply(t, i, enc.keep, enc.ids, enc.bounds + new_b, base + m, enc.redone)
+
+    def _apply(self, t: str, i: int, keep: int, ids: list[int], new_b: list[tuple[int, int]],
+               touched: int, redone: int) -> Splice:
+        """Make ``t`` the tail and ``ids[:keep] + ids`` its ids, boundaries after ``i`` the new
+        ones; ``touched``: the first (absolute) char whose bytes changed."""
+        old = self._tids
+        del old[keep - self._base_n:]
+        old.extend(ids)
+        self._capsule.touch(touched, keep)
         del self._bpos[i + 1:], self._bcnt[i + 1:]
         for pos, cnt in new_b:
             self._bpos.append(pos)
@@ -223,10 +261,10 @@ class IncrementalTokenizer:
         self._tail = t
         st = self._stats
         st["windows"] += 1
-        st["window_chars"] += len(w)
-        st["last_window"] = len(w)
+        st["window_chars"] += redone
+        st["last_window"] = redone
         self._freeze()
-        return Splice(cnt_a + extra, ids_w[extra:])
+        return Splice(keep, ids)
 
     def _rebuild(self, text: str, count: bool = True, admit: Admit = None) -> Splice:
         """Full reference encode of text; boundaries from a tail encode unless in full mode."""

@@ -51,7 +51,7 @@ class TensorBpe:
         self.ref, self._nfc = ref, rules.nfc
         info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self._scanner = PieceScanner(ref, rules, info)
-        table, self._whole, self._drop = _shared_table(ref)
+        table, self._whole, self._drop = merge_table(ref)
         self.table = table.to(device)
         self.kernel = kernel
         self._merge = self._merger(kernel)
@@ -152,7 +152,7 @@ def _usable_rules(ref: ReferenceTokenizer) -> tuple[Rules | None, str]:
     return rules, ""
 
 
-def _shared_table(ref: ReferenceTokenizer) -> Table:
+def merge_table(ref: ReferenceTokenizer) -> Table:
     """(merge table on CPU, whole-piece shortcut, dropped bytes) per vocabulary, built once per
     process."""
     key = ref.fingerprint
