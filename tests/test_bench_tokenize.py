@@ -80,8 +80,12 @@ def test_tokenize_tails_suite(tmp_path, monkeypatch):
     assert len(runs) == 3 * len(shapes) and data["results"]["exact"] is True
     for r in runs:
         assert r["appends"] == 3 and r["tail_chars"] > 8 * 1024 and r["exact"] is True
-        assert r["p99_ms"] >= r["p50_ms"] > 0 and r["full_encode_ms"] > 0
-    # a digit run is cut by Rule 3 except under GPT-2's ' ?\p{N}+'; whitespace never is
+        assert r["p99_ms"] >= r["p50_ms"] > 0 and r["full_encode_ms"] > 0 and r["first_ms"] > 0
+    # a digit run is cut by Rule 3 (also where special tokens hold digit pairs: qwen2.5's
+    # '<|extra_10|>'); a whitespace run and GPT-2's ' ?\p{N}+' run are one long piece whose BPE
+    # is redone near the end only; Falcon's (no tensor BPE) is re-encoded whole
     small = {(r["shape"], r["tail"]) for r in runs if r["last_window_chars"] < 2000}
-    assert ("cl100k-pattern", "digits") in small and ("r50k-pattern", "digits") not in small
-    assert not any(t == "whitespace" for _, t in small)
+    assert {("cl100k-pattern", "digits"), ("qwen2-pattern", "digits"),
+            ("cl100k-pattern", "whitespace"), ("r50k-pattern", "digits"),
+            ("qwen2-pattern", "whitespace")} <= small
+    assert ("falcon-splits", "whitespace") not in small

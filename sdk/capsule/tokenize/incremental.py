@@ -200,11 +200,10 @@ class IncrementalTokenizer:
             return self._rebuild(self.text_slice(0, base) + t, admit=admit)
         a = self._bpos[i] - base
         sp = self._long_window(t, a, m, i, admit) if len(t) - a >= LONG_MIN else None
+        full = sp is None and a == 0 and base == 0 and bool(tail)
         if sp is None:
             sp = self._window(t, a, self._bcnt[i], i, admit)
-        elif a == 0:
-            a = -1   # the long piece's merges were redone near the edit only: no fallback
-        if a == 0 and base == 0 and tail:
+        if full:
             self._stats["fallbacks"] += 1   # no later boundary qualified: a full encode
         if self._shadow.sample():
             self._shadow.submit((*self._chunks, self._tail),

@@ -57,6 +57,7 @@ class LongPieces:
         self._bpe: PieceBpe | None = None
         self._tried = False
         self.seen: Seen | None = None
+        self._none = (-1, 0)   # a window start whose pieces were all short, and its length
 
     def forget_from(self, char: int) -> None:
         """Ids from absolute char ``char`` on were replaced by another path."""
@@ -77,8 +78,11 @@ class LongPieces:
         pb = self._piece_bpe()
         if pb is None:
             return None
+        if self._none[0] == pos and len(w) < 2 * self._none[1]:
+            return None        # looked at this window lately: cutting it again would double it
         found = self._find(w)
         if found is None:
+            self._none = (pos, len(w))
             return None
         ids_pre, s, e = found
         try:

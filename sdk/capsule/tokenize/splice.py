@@ -121,12 +121,20 @@ class SpliceRule:
         """Latest anchor in w at least ``tailscan`` chars before its end, else 0."""
         r, info = self.rules, self.info
         hi = len(w) - self.tailscan
+        covered: list[tuple[int, int]] | None = None
         for p in range(hi, max(0, hi - ANCHOR_SEARCH), -1):
             c0, c = w[p - 1], w[p]
-            if c in r.follow or (r.nfc and not info.nfc_safe(c0, c)):
+            if r.nfc and not info.nfc_safe(c0, c):
                 continue
-            if info.anchor(c0, c) or (self._in_digits(c0, c) and self._group_start(w, p)):
-                return p
+            if not (info.anchor(c0, c) or (self._in_digits(c0, c) and self._group_start(w, p))):
+                continue
+            if c in r.follow:   # the lemmas need no special token of w over p-1, p
+                if covered is None:
+                    covered = [(s, e) for s, e, sid in self.scanner.split_specials(w)
+                               if sid is not None]
+                if any(s < p < e for s, e in covered):
+                    continue
+            return p
         return 0
 
     def _in_digits(self, prev: str, c: str) -> bool:
