@@ -247,8 +247,9 @@ class IncrementalTokenizer:
 
     def _apply(self, t: str, i: int, keep: int, ids: list[int], new_b: list[tuple[int, int]],
                touched: int, redone: int) -> Splice:
-        """Make ``t`` the tail and ``ids[:keep] + ids`` its ids, boundaries after ``i`` the new
-        ones; ``touched``: the first (absolute) char whose bytes changed."""
+        """Make ``t`` the tail, the first ``keep`` (absolute) old ids followed by ``ids`` its
+        ids, and ``new_b`` its boundaries after boundary ``i``; ``touched``: the first absolute
+        char that changed; ``redone``: chars encoded afresh (stats)."""
         old = self._tids
         del old[keep - self._base_n:]
         old.extend(ids)
