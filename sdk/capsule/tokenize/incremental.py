@@ -218,11 +218,9 @@ class IncrementalTokenizer:
             admit(cnt_a + len(ids_w))           # before any change: a refusal leaves no trace
         new_b, failed = self._rule.scan(w, ids_w, self._base + a, cnt_a)
         self._stats["check_failures"] += failed
-        rel_n = cnt_a - self._base_n
-        extra = common(self._tids[rel_n:], ids_w) if len(self._tids) > rel_n else 0
         if self._long is not None:
             self._long.forget_from(self._base + a)
-        return self._apply(t, i, cnt_a + extra, ids_w[extra:], new_b, self._base + a, len(w))
+        return self._apply(t, i, cnt_a, ids_w, new_b, self._base + a, len(w))
 
     def _long_window(self, t: str, a: int, m: int, i: int, admit: Admit) -> Splice | None:
         """The window t[a:] through LongPieces when it holds one long piece; None otherwise."""
@@ -249,9 +247,13 @@ class IncrementalTokenizer:
                touched: int, redone: int) -> Splice:
         """Make ``t`` the tail, the first ``keep`` (absolute) old ids followed by ``ids`` its
         ids, and ``new_b`` its boundaries after boundary ``i``; ``touched``: the first absolute
-        char that changed; ``redone``: chars encoded afresh (stats)."""
+        char that changed; ``redone``: chars encoded afresh (stats). The returned splice keeps
+        the old ids that ``ids`` starts with too."""
         old = self._tids
-        del old[keep - self._base_n:]
+        rel = keep - self._base_n
+        extra = common(old[rel:], ids) if len(old) > rel else 0
+        keep, ids = keep + extra, ids[extra:]
+        del old[rel + extra:]
         old.extend(ids)
         self._capsule.touch(touched, keep)
         del self._bpos[i + 1:], self._bcnt[i + 1:]

@@ -10,8 +10,9 @@ least ``LONG_MIN`` chars, ``ids(w) = ids(pieces before) + BPE(piece) + ids(rest)
   (docs/TOKENIZATION.md, "Long pieces"), or, the first time, from the reference's ids of ``w``;
 * the rest starts at a piece boundary of ``w``, so the reference encodes it alone.
 
-Pre-tokenizing ``w`` is still one pass of the family's regex over the piece (C speed, ~5-10 ns
-per char); the merges, which cost the reference O(piece), are O(edit) here.
+Pre-tokenizing ``w`` is still one pass over the piece (~5-15 ns per char for a tiktoken-style
+regex, 100-200 for the tokenizers library's multi-stage pre-tokenizers); the merges, which cost
+the reference O(piece), are O(edit) here.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from .piece_bpe import PieceBpe, piece_bpe
 from .pieces import PieceScanner
 from .reference import ReferenceTokenizer
-from .splice import common
 
 LONG_MIN = 2048     # chars: a window at least this long is looked at piece by piece
 
@@ -38,7 +38,8 @@ class Seen:
 
 @dataclass(frozen=True)
 class Encoded:
-    """A window's new ids: the first ``keep`` (absolute) are unchanged, ``ids`` follow."""
+    """A window's new ids: the first ``keep`` (absolute) old ids stay, ``ids`` follow (their
+    common start with the old ids is not trimmed here)."""
     keep: int
     ids: list[int]
     total: int                          # the new token count of the whole text
@@ -113,13 +114,11 @@ class LongPieces:
                 return None
             keep, new = cnt, ids_w
             redone = len(w)
-        old_rel = keep - base_n
-        extra = common(tids[old_rel:], new) if len(tids) > old_rel else 0
         cnt_e = cnt_s + n_piece
         # the piece's end is a boundary unless it ends the text; its start is stored by no one:
         # freezing there would leave the next edit no stable boundary before the run
         bounds = [(pos + e, cnt_e)] if e < len(w) else []
-        return Encoded(keep + extra, new[extra:], keep + len(new), bounds, pos + e, rest,
+        return Encoded(keep, new, keep + len(new), bounds, pos + e, rest,
                        Seen(pos + s, pos + e, cnt_s, n_piece, data), redone)
 
     def _find(self, w: str) -> tuple[list[int], int, int] | None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import heapq
 import threading
-from typing import Mapping, Sequence
-
-from edge_kernels.bpe import MergeTable
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .reference import ReferenceTokenizer
+from .splice import common
+
+if TYPE_CHECKING:   # the table is built by tensor_bpe (torch) only when a long piece shows up
+    from edge_kernels.bpe import MergeTable
 
 MAX_REDO = 4096    # most bytes merged here per edit; a larger edit is the reference's job
 
@@ -104,7 +106,7 @@ class PieceBpe:
         """``(k, tail)`` with ``BPE(new) == old_ids[:k] + tail``, given ``old_ids ==
         ids[lo:lo+n] == BPE(old)`` (read in place: no copy of a long piece's ids); None when no
         seam within ``max_redo`` bytes of the end qualifies."""
-        c = _common(old, new)
+        c = common(old, new)
         k, pos = n, len(old)
         while pos > c:                   # back to a token boundary of old inside new
             k -= 1
@@ -122,21 +124,6 @@ class PieceBpe:
                 k -= 1
                 pos -= self.length(ids[lo + k])
             step *= 2
-
-
-def _common(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings (C-speed compares, doubling steps)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n                        # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 _shared: dict[str, PieceBpe] = {}
