@@ -85,9 +85,12 @@ def test_outage_catch_up_and_checkpoints_never_wait_for_the_remote(report):
     assert o["outage_noticed"] and o["caught_up"] and o["remote_epoch"] == o["newest_epoch"]
     assert o["epochs_committed_during_outage"] > 0 and o["checkpoint_during"]["checkpoints"] > 0
     assert 0 <= o["reconnect_s"] <= o["catch_up_s"] <= o["live_s"]
-    # what never reached the remote is exactly what the replicator says it skipped, and the queue bounds it
+    # what never reached the remote is exactly what the replicator says it skipped, and the queue bounds
+    # what went of the epochs committed while the server was down (under load the server can answer,
+    # and epochs go live, well before start() returns: CI once saw 15 of 84 [kill, ready) epochs go)
+    assert 0 < o["epochs_committed_while_down"] <= o["epochs_committed_during_outage"]
     assert o["skipped"] == o["not_on_remote"]
-    assert o["skipped"] >= o["epochs_committed_during_outage"] - o["max_queue"]
+    assert o["skipped"] >= o["epochs_committed_while_down"] - o["max_queue"]
     # a commit that waited for the remote would last about as long as the outage
     assert o["checkpoint_during"]["max_ms"] < o["outage_s"] * 1e3 / 4
 

@@ -116,6 +116,7 @@ def _tables(r: dict[str, Any], load: dict[str, float]) -> dict[str, list[dict[st
              "remote_B_per_epoch": s["remote_bytes"] / s["uploaded"] if s.get("uploaded") else None}
             for s in (lp["without"], lp["with"])]
     catch = [{"outage_s": o["outage_s"], "committed_during": o["epochs_committed_during_outage"],
+              "committed_while_down": o["epochs_committed_while_down"],
               "max_queue": o["max_queue"], "skipped": o["skipped"], "not_on_remote": o["not_on_remote"],
               "server_boot_s": o["server_boot_s"], "reconnect_s": o["reconnect_s"], "catch_up_s": o["catch_up_s"],
               "live_s": o["live_s"], "caught_up": o["caught_up"]}]

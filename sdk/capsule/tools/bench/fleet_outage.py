@@ -113,13 +113,17 @@ def outage(s: Session, config: Replication, server: LoopbackS3, *, pre_s: float,
     settled = wait_remote(s, timeout_s)         # the post-outage commits too, before counting what is there
     t, seen, st = drv.t, drv.seen, s.replication
     during = [c for c in commits if t["kill"] <= c[0] < t["ready"]]
+    # the server may answer (and the replicator reconnect) while start() still probes it, so only
+    # the commits before start() was called surely waited for the reconnect, where max_queue bounds them
+    down = [c for c in commits if t["kill"] <= c[0] < t["start"]]
     remote = set(Replica(S3Bucket(config.url), Seal(config.sign_key)).epoch_ids())
     after_kill = [c[2] for c in commits if c[2] > seen["remote_at_kill"]]
     missing = [e for e in after_kill if e not in remote]
     ready = t["ready"]
     return {
         "outage_s": t["start"] - t["kill"], "server_boot_s": seen["boot_s"],
-        "epochs_committed_during_outage": len(during), "epochs_committed": len(commits),
+        "epochs_committed_during_outage": len(during), "epochs_committed_while_down": len(down),
+        "epochs_committed": len(commits),
         "commit_period_s": period_s, "max_queue": config.max_queue,
         "retry_s": config.retry_s, "retry_max_s": config.retry_max_s,
         "outage_noticed": seen["error_during_outage"] is not None and not seen["connected_at_restart"],
