@@ -10,9 +10,10 @@ least ``LONG_MIN`` chars, ``ids(w) = ids(pieces before) + BPE(piece) + ids(rest)
   (docs/TOKENIZATION.md, "Long pieces"), or, the first time, from the reference's ids of ``w``;
 * the rest starts at a piece boundary of ``w``, so the reference encodes it alone.
 
-Pre-tokenizing ``w`` is still one pass over the piece (~5-15 ns per char for a tiktoken-style
-regex, 100-200 for the tokenizers library's multi-stage pre-tokenizers); the merges, which cost
-the reference O(piece), are O(edit) here.
+Pre-tokenizing ``w`` is one pass over it, with long space and tab runs cut short first
+(space_runs.py); other long pieces (a GPT-2 digit or letter run) are still scanned whole (~5-15
+ns per char for a tiktoken-style regex, 100-200 for the tokenizers library's multi-stage
+pre-tokenizers). The merges, which cost the reference O(piece), are O(edit) here.
 """
 from __future__ import annotations
 

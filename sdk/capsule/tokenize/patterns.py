@@ -69,22 +69,24 @@ class Verified:
     scheme: str = "runs"        # "runs": classes L N W O; "cased": o200k's; "isolated": only
     #                             the pieces that newlines and digits make; "punct": only the
     #                             edges of ASCII punctuation and digit runs (docs/TOKENIZATION.md)
+    space_runs: bool = False    # long space / tab runs may be cut short before pre-tokenizing
+    #                             (space_runs.py; docs/TOKENIZATION.md "Space runs" proves it)
 
 
 VERIFIED = {
-    "cl100k-pattern": Verified((CL100K,), False, False, 3),
-    "qwen2-pattern": Verified((QWEN2,), False, False, 1),
-    "qwen3.5-pattern": Verified((QWEN35,), True, False, 1),
-    "deepseek-splits": Verified(DEEPSEEK_SPLITS, True, True, 3),
-    "r50k-pattern": Verified((R50K,), False, False),
-    "gpt2-pattern": Verified((GPT2,), False, False),
-    "llama3-pattern": Verified((LLAMA3,), False, False, 3),
-    "digits-gpt2": Verified((DIGITS, GPT2), False, False, 1),
-    "o200k-pattern": Verified((O200K,), True, False, 3, "cased"),
-    "tekken-pattern": Verified((TEKKEN,), True, False, 1, "cased"),
-    "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, 1, "isolated"),
-    "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, 1, "isolated"),
-    "falcon-splits": Verified(FALCON_SPLITS, False, False, 0, "punct"),
+    "cl100k-pattern": Verified((CL100K,), False, False, 3, space_runs=True),
+    "qwen2-pattern": Verified((QWEN2,), False, False, 1, space_runs=True),
+    "qwen3.5-pattern": Verified((QWEN35,), True, False, 1, space_runs=True),
+    "deepseek-splits": Verified(DEEPSEEK_SPLITS, True, True, 3, space_runs=True),
+    "r50k-pattern": Verified((R50K,), False, False, space_runs=True),
+    "gpt2-pattern": Verified((GPT2,), False, False, space_runs=True),
+    "llama3-pattern": Verified((LLAMA3,), False, False, 3, space_runs=True),
+    "digits-gpt2": Verified((DIGITS, GPT2), False, False, 1, space_runs=True),
+    "o200k-pattern": Verified((O200K,), True, False, 3, "cased", space_runs=True),
+    "tekken-pattern": Verified((TEKKEN,), True, False, 1, "cased", space_runs=True),
+    "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, 1, "isolated", space_runs=True),
+    "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, 1, "isolated", space_runs=True),
+    "falcon-splits": Verified(FALCON_SPLITS, False, False, 0, "punct", space_runs=True),
 }
 # Every char matches one of these single patterns' alternatives (tiktoken requires it), so a
 # tokenizers Split with them drops no gap: Removed + invert equals Isolated.

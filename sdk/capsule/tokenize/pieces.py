@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .rules import CharInfo, Rules
+from .space_runs import cut, uncut
 
 _CACHE_MAX = 1 << 14
 
@@ -82,7 +83,17 @@ class PieceScanner:
         return segs
 
     def pieces(self, seg: str) -> list[int]:
-        """Ends of the pre-tokenizer pieces of one ordinary segment."""
+        """Ends of the pre-tokenizer pieces of one ordinary segment (its long space runs cut
+        short first where the pipeline allows: space_runs.py)."""
+        short = cut(seg) if self._rules.space_runs else None
+        if short is not None:
+            ends = self._pieces(short.text)
+            got = uncut(ends, short) if ends else None
+            if got is not None:
+                return got
+        return self._pieces(seg)
+
+    def _pieces(self, seg: str) -> list[int]:
         spans = ([m.span() for m in self._re.finditer(seg)] if self._re is not None
                  else self._ref.piece_spans(seg))
         ends: list[int] = []

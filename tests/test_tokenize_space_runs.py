@@ -1,0 +1,85 @@
+"""Long space and tab runs are cut short before pre-tokenizing (space_runs.py): the pieces and
+the incremental ids must be exactly those of the uncut text, in every windowed family."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from capsule.tokenize import IncrementalTokenizer, load_reference
+from capsule.tokenize.patterns import VERIFIED
+from capsule.tokenize.pieces import PieceScanner
+from capsule.tokenize.registry import family_names
+from capsule.tokenize.rules import CharInfo, rules_for
+from capsule.tokenize.space_runs import HEAD, KEEP, RUN_MIN, TAIL, cut, uncut
+
+WINDOWED = [n for n in family_names() if n not in ("llama2", "phi3", "gemma4")]
+# what may stand next to a run: newlines (the \s*[\r\n] branches look through the run), a
+# lone space before letters/digits/punctuation, other whitespace, specials' first chars
+AROUND = ["a", "ab", " x", "Z", "7", "123", "!", ".", "'s", "\n", "\r\n", "\n\n", " \n", "\t",
+          "\u00a0", "\u3000", "é", "中", "😀", "<", "|", "\u0301", ""]
+
+
+def _text(rng: random.Random, parts: int) -> str:
+    out = []
+    for _ in range(parts):
+        out.append(rng.choice(AROUND) * rng.randint(1, 3))
+        if rng.random() < 0.6:
+            out.append(rng.choice([" ", "\t"]) * rng.choice([RUN_MIN, RUN_MIN + 1, 300, 1000, 2500]))
+    return "".join(out)
+
+
+def test_cut_and_uncut():
+    assert cut("a" + " " * (RUN_MIN - 1) + "b") is None       # too short to be worth it
+    seg = "x" + " " * 1000 + "y" + "\t" * 300
+    c = cut(seg)
+    assert c.text == "x" + " " * KEEP + "y" + "\t" * KEEP
+    assert c.runs == ((1, 0, 1000 - KEEP), (2 + KEEP, 1000 - KEEP, 1300 - 2 * KEEP))
+    # ends next to a run's two ends map to them; one deep inside is refused
+    assert uncut([1, 1 + KEEP - 1, 1 + KEEP, len(c.text)], c) == [1, 1000, 1001, len(seg)]
+    assert uncut([1 + HEAD + 1], c) is None and uncut([1 + KEEP - TAIL - 1], c) is None
+
+
+@pytest.mark.parametrize("key", sorted(VERIFIED))
+def test_every_verified_pipeline_is_proven_for_space_runs(key):
+    # a pipeline added later must come with its own argument (docs/TOKENIZATION.md "Space runs")
+    assert VERIFIED[key].space_runs
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_pieces_of_cut_runs_are_the_pieces_of_the_text(family):
+    ref = load_reference(family)
+    rules, why = rules_for(ref)
+    assert rules is not None and rules.space_runs, why
+    info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
+    fast = PieceScanner(ref, rules, info)
+    plain = PieceScanner(ref, dataclasses.replace(rules, space_runs=False), info)
+    rng = random.Random(family)
+    cuts = 0
+    for _ in range(60):
+        text = _text(rng, rng.randint(1, 6))
+        for s, e, sid in plain.split_specials(text):
+            if sid is None:
+                seg = text[s:e]
+                cuts += cut(seg) is not None
+                assert fast.pieces(seg) == plain.pieces(seg), (family, seg[:40], seg[-40:])
+    assert cuts >= 20      # the cut path was taken, not only the plain one
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_incremental_ids_through_space_runs(family):
+    ref = load_reference(family)
+    tok = IncrementalTokenizer(ref, shadow_rate=0.0)
+    assert not tok.full_mode
+    rng = random.Random(f"runs:{family}")
+    tok.append("user: the log follows\n" + " " * 3000)
+    assert tok.ids == ref.encode(tok.text)
+    edits = [" " * 100, "\t", " " * 400, "\n", " " * 300, "word", " " * 2600, "!", "\t" * 500,
+             " 12", " " * 700]
+    for k, piece in enumerate(edits):
+        if k % 4 == 3:
+            tok.replace_tail(rng.randint(1, 60), piece)     # cut into the run's end
+        else:
+            tok.append(piece)
+        assert tok.ids == ref.encode(tok.text), (family, k, repr(tok.text[-30:]))
