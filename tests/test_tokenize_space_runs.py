@@ -83,3 +83,20 @@ def test_incremental_ids_through_space_runs(family):
         else:
             tok.append(piece)
         assert tok.ids == ref.encode(tok.text), (family, k, repr(tok.text[-30:]))
+
+
+@pytest.mark.parametrize("family", ["cl100k_base", "llama3", "qwen3"])
+def test_a_run_longer_than_the_freeze_point_keeps_short_windows(family, monkeypatch):
+    # frozen chunks are cut only at boundaries an append can start from; freezing at the start
+    # of a space run (no boundary choose() accepts) made every later append a full rebuild
+    from capsule.tokenize import incremental
+    monkeypatch.setattr(incremental, "FREEZE_AT", 1500)   # below LONG_MIN: freezes come first
+    monkeypatch.setattr(incremental, "TAIL_KEEP", 400)
+    ref = load_reference(family)
+    tok = IncrementalTokenizer(ref, shadow_rate=0.0)
+    tok.reset(".")
+    for _ in range(80):
+        tok.append(" " * 97)
+    assert tok.ids == ref.encode(tok.text)
+    assert tok.stats["long_pieces"] >= 50       # past LONG_MIN (2048 chars) the run goes by pieces
+    assert tok.stats["fallbacks"] <= 25         # only while the whole text is under LONG_MIN

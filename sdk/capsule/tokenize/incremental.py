@@ -311,6 +311,10 @@ class IncrementalTokenizer:
         j = bisect_right(bpos, end - TAIL_KEEP) - 1
         while j + 1 < len(bpos) and end - bpos[j] > FREEZE_AT:
             j += 1
+        if j > 0:   # only at a boundary an append may start from: freezing at one choose()
+            # rejects (the start of a long space run) would make every later append a rebuild
+            ok, _ = self._rule.choose(self._tail, len(self._tail), bpos, self._base, self._before)
+            j = min(j, -1 if ok is None else ok)
         if j <= 0:
             return
         cut, ncut = bpos[j] - self._base, self._bcnt[j] - self._base_n
