@@ -194,7 +194,7 @@ class IncrementalTokenizer:
             if admit is not None:
                 admit(self.num_tokens)
             return Splice(self.num_tokens, [])   # nothing changed (an empty append)
-        i, widened = self._rule.choose(t, m, self._bpos, base, self._before)
+        i, widened = self._rule.choose(t, m, self._bpos, base, self._before, self._last_id)
         self._stats["widenings"] += widened
         if i is None:
             return self._rebuild(self.text_slice(0, base) + t, admit=admit)
@@ -304,6 +304,11 @@ class IncrementalTokenizer:
             self._bpos.append(pos)
             self._bcnt.append(cnt)
 
+    def _last_id(self, i: int) -> int:
+        """The id of the token that ends at boundary i, -1 where it is frozen."""
+        k = self._bcnt[i] - self._base_n
+        return self._tids[k - 1] if k > 0 else -1
+
     def _freeze(self) -> None:
         if len(self._tail) <= FREEZE_AT:
             return
@@ -313,7 +318,8 @@ class IncrementalTokenizer:
             j += 1
         if j > 0:   # only at a boundary an append may start from: freezing at one choose()
             # rejects (the start of a long space run) would make every later append a rebuild
-            ok, _ = self._rule.choose(self._tail, len(self._tail), bpos, self._base, self._before)
+            ok, _ = self._rule.choose(self._tail, len(self._tail), bpos, self._base, self._before,
+                                      self._last_id)
             j = min(j, -1 if ok is None else ok)
         if j <= 0:
             return

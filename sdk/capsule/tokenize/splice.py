@@ -12,7 +12,10 @@
   digits counted from the run's start: a boundary inside a digit run stays one;
 * run rule: at least four class changes in ``T[a-1 : m-margin]``, margin = max(4, longest
   special token), so every decision before ``a`` and at ``a`` ended well before ``m`` and
-  before any special token that an edit could complete.
+  before any special token that an edit could complete;
+* added-token ends (Rule 4): the token before ``a`` is a special/added token, its text ends at
+  ``a``, ``a <= m - margin``, and the family splits them out in one pass: every match that starts
+  before ``a`` lies inside the unchanged text (GPT-NeoX's runs of 24-space tokens).
 
 For NFC families ``a`` must also be a point where NFC cannot reach across.
 """
@@ -79,10 +82,16 @@ class SpliceRule:
         self.info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
         self.scanner = PieceScanner(ref, rules, self.info)
         self.tailscan = 2 * rules.margin + 64   # new boundaries are kept this far back at least
+        # Rule 4 needs one pass of special-token matching (tokenizers matches non-normalized
+        # added tokens before normalized ones: a second pass is not covered by the proof)
+        one_pass = not rules.first_pass or rules.first_pass == frozenset(rules.specials)
+        self._added = {i: s for s, i in rules.specials.items()} if one_pass else {}
 
-    def choose(self, t: str, m: int, bpos: list[int], base: int, before: str
-               ) -> tuple[int | None, bool]:
-        """(index of the latest stable stored boundary < m, whether it is not the latest)."""
+    def choose(self, t: str, m: int, bpos: list[int], base: int, before: str,
+               last_id: Callable[[int], int] | None = None) -> tuple[int | None, bool]:
+        """(index of the latest stable stored boundary < m, whether it is not the latest).
+
+        last_id(i): the id of the token that ends at boundary i, -1 if unknown (Rule 4)."""
         r, info = self.rules, self.info
         first = i = bisect_left(bpos, base + m) - 1
         k4 = None
@@ -94,6 +103,8 @@ class SpliceRule:
             if not r.nfc or info.nfc_safe(prev, c):
                 if (info.anchor(prev, c) or self._in_digits(prev, c)) and (
                         (c not in r.follow and not r.anchor_margin) or a <= m - r.margin):
+                    break
+                if last_id is not None and self._after_added(t, a, m, last_id(i)):
                     break
                 if k4 is None:
                     k4 = self.fourth_change(t, m - r.margin - 1, before)
@@ -108,6 +119,10 @@ class SpliceRule:
         stop = max(0, end - RUN_SEARCH)   # a longer search could only find as long a window
         cls, change = self.info.cls, self.info.change
         right = cls(t[k]) if 0 <= k < len(t) else "?"
+        if right != "?":   # skip the run of t[end] at C speed: one char has one class
+            k = stop + len(t[stop:end + 1].rstrip(t[end]))
+            if k == stop:
+                return -1   # one char throughout: at most one change (with `before`)
         while k > stop or (k == 0 and before):
             left = cls(t[k - 1]) if k > 0 else cls(before)
             if change(left, right):
@@ -137,6 +152,33 @@ class SpliceRule:
             return p
         return 0
 
+    def _after_added(self, t: str, a: int, m: int, tok: int) -> bool:
+        """Rule 4: ``a`` ends the added token ``tok`` (its text is ``T[a-len:a]``), and every
+        special-token match that starts before ``a`` ends before ``m``."""
+        s = self._added.get(tok)
+        return s is not None and len(s) <= a <= m - self.rules.margin and t.startswith(s, a - len(s))
+
+    def _added_split(self, w: str, ids_w: list[int]) -> int:
+        """The end of the latest added token in ``ids_w`` at least ``tailscan`` chars before
+        w's end (Rule 4: a piece boundary of w), else 0; for runs without anchors, such as
+        GPT-NeoX's whitespace cut into 24-space tokens."""
+        tail = b""
+        for k in range(len(ids_w) - 1, 0, -1):   # the boundary between ids_w[k-1] and ids_w[k]
+            tail = self.ref.decode_bytes(ids_w[k:k + 1]) + tail
+            if len(tail) > 4 * ANCHOR_SEARCH:
+                return 0
+            s = self._added.get(ids_w[k - 1])
+            if s is None or len(tail) < self.tailscan:
+                continue
+            try:
+                text = tail.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            p = len(w) - len(text)
+            if len(text) >= self.tailscan and w.endswith(text) and w.startswith(s, p - len(s)):
+                return p
+        return 0
+
     def _in_digits(self, prev: str, c: str) -> bool:
         """Both chars digits, in a family whose digit pieces have a fixed length (Rule 3):
         a piece boundary between them stays one while the text before it stays."""
@@ -163,7 +205,7 @@ class SpliceRule:
         p near the end gets its count from the reference's ids of w[p:]; the pieces of w[p:]
         are then checked against those ids.
         """
-        p = self.split_point(w)
+        p = self.split_point(w) or self._added_split(w, ids_w)
         ids_p = ids_w
         out: list[tuple[int, int]] = []
         if p:
