@@ -83,9 +83,7 @@ def test_tokenize_tails_suite(tmp_path, monkeypatch):
         assert r["p99_ms"] >= r["p50_ms"] > 0 and r["full_encode_ms"] > 0 and r["first_ms"] > 0
     # a digit run is cut by Rule 3 (also where special tokens hold digit pairs: qwen2.5's
     # '<|extra_10|>'); a whitespace run and GPT-2's ' ?\p{N}+' run are one long piece whose BPE
-    # is redone near the end only; Falcon's (no tensor BPE) is re-encoded whole
+    # is redone near the end only (Falcon's too: an ASCII piece is surely one of its pieces);
+    # GPT-NeoX cuts whitespace into 24-space added tokens, whose ends are stable (Rule 4)
     small = {(r["shape"], r["tail"]) for r in runs if r["last_window_chars"] < 2000}
-    assert {("cl100k-pattern", "digits"), ("qwen2-pattern", "digits"),
-            ("cl100k-pattern", "whitespace"), ("r50k-pattern", "digits"),
-            ("qwen2-pattern", "whitespace")} <= small
-    assert ("falcon-splits", "whitespace") not in small
+    assert small == {(r["shape"], r["tail"]) for r in runs}

@@ -93,6 +93,8 @@ class LongPieces:
             return None
         if pb.whole(data) or (pb.dropped and len(data.translate(None, pb.dropped)) != len(data)):
             return None
+        if not (self._scanner.whole_chars or data.isascii()):
+            return None   # Falcon: this piece may be two of its pieces joined (BPE stops at cuts)
         ref = self._ref
         rest = ref.encode(w[e:])
         lo, cnt_s = cnt - base_n, cnt + len(ids_pre)

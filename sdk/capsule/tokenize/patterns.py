@@ -86,7 +86,7 @@ VERIFIED = {
     "tekken-pattern": Verified((TEKKEN,), True, False, 1, "cased", space_runs=True),
     "deepseek-llm-splits": Verified(DEEPSEEK_LLM_SPLITS, False, False, 1, "isolated", space_runs=True),
     "deepseek-coder-splits": Verified(DEEPSEEK_CODER_SPLITS, False, False, 1, "isolated", space_runs=True),
-    "falcon-splits": Verified(FALCON_SPLITS, False, False, 0, "punct", space_runs=True),
+    "falcon-splits": Verified(FALCON_SPLITS, False, False, 3, "punct", space_runs=True),
 }
 # Every char matches one of these single patterns' alternatives (tiktoken requires it), so a
 # tokenizers Split with them drops no gap: Removed + invert equals Isolated.

@@ -131,10 +131,12 @@ _lock = threading.Lock()
 
 
 def piece_bpe(ref: ReferenceTokenizer) -> PieceBpe | None:
-    """The shared PieceBpe of a vocabulary the tensor BPE can run (None otherwise); the first
-    call builds the merge table (~0.1-1 s), later ones are a lookup."""
-    from .tensor_bpe import merge_table, unsupported
-    if unsupported(ref):
+    """The shared PieceBpe of a vocabulary with a verified pipeline (None otherwise); the
+    first call builds the merge table (~0.1-1 s), later ones are a lookup. Falcon gets one too:
+    its pieces are BPE'd alone like any other's (the caller takes only pieces that are surely
+    whole, ``PieceScanner.whole_chars``)."""
+    from .tensor_bpe import merge_table, piece_unsupported
+    if piece_unsupported(ref):
         return None
     key = ref.fingerprint
     with _lock:

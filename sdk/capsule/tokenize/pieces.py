@@ -62,6 +62,13 @@ class PieceScanner:
         seps += [t for t in first if t not in seps] + [t for t in rest if t not in seps]
         self._sep = seps[0] if seps else None
 
+    @property
+    def whole_chars(self) -> bool:
+        """Whether every piece here is one of the pipeline's own pieces. False for Falcon,
+        whose stages after ByteLevel may cut inside a character: the pieces here join such a
+        cut back, so only an all-ASCII piece is surely one of its pieces."""
+        return self._rules.scheme != "punct"
+
     def split_specials(self, text: str) -> list[tuple[int, int, int | None]]:
         """(start, end, special id or None) segments covering text, in order."""
         segs: list[tuple[int, int, int | None]] = [(0, len(text), None)] if text else []

@@ -121,7 +121,7 @@ def _make(kind: str, v: Verified, nfc: bool, pattern: str | None, specials: dict
     pairs = {s[i:i + 2] for s in specials for i in range(len(s) - 1)}
     # chars that may follow a provable boundary inside some special token (Rules 1 and 3)
     follow = {p[1] for p in pairs if info.anchor(p[0], p[1])
-              or (v.digit_step and info.cls(p[0]) == info.cls(p[1]) == "N")}
+              or (v.digit_step and info.cls(p[0]) == info.cls(p[1]) == info.digit)}
     longest = max((len(s) for s in specials), default=0)
     ends = any(info.may_end_anchor(s[-1]) for s in specials)
     return Rules(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, specials, frozenset(first),
@@ -205,6 +205,8 @@ class CharInfo:
             raise ValueError(f"unknown run-class scheme {scheme!r}")
         self._marks, self._cjk, self._scheme = marks_are_letters, cjk_stage, scheme
         self._cased = scheme == "cased"
+        # the class of the digits that Rule 3 groups: Falcon's groups are ASCII [0-9]{3}
+        self.digit = "D" if scheme == "punct" else "N"
         self._memo: dict[str, str] = {chr(i): self._compute(chr(i)) for i in range(128)}
         self._safe: dict[str, bool] = {}
 

@@ -161,15 +161,16 @@ class SpliceRule:
     def _added_split(self, w: str, ids_w: list[int]) -> int:
         """The end of the latest added token in ``ids_w`` at least ``tailscan`` chars before
         w's end (Rule 4: a piece boundary of w), else 0; for runs without anchors, such as
-        GPT-NeoX's whitespace cut into 24-space tokens."""
-        tail = b""
-        for k in range(len(ids_w) - 1, 0, -1):   # the boundary between ids_w[k-1] and ids_w[k]
-            tail = self.ref.decode_bytes(ids_w[k:k + 1]) + tail
-            if len(tail) > 4 * ANCHOR_SEARCH:
-                return 0
-            s = self._added.get(ids_w[k - 1])
-            if s is None or len(tail) < self.tailscan:
+        GPT-NeoX's whitespace cut into 24-space tokens. Costs a dict lookup per id (at most
+        ``4 * ANCHOR_SEARCH``) plus one decode of the suffix per added token met."""
+        added, limit = self._added, 4 * ANCHOR_SEARCH
+        for k in range(len(ids_w) - 1, max(0, len(ids_w) - limit), -1):
+            s = added.get(ids_w[k - 1])   # the token before the boundary between k-1 and k
+            if s is None:
                 continue
+            tail = self.ref.decode_bytes(ids_w[k:])
+            if len(tail) > limit:
+                return 0
             try:
                 text = tail.decode("utf-8")
             except UnicodeDecodeError:
@@ -182,18 +183,18 @@ class SpliceRule:
     def _in_digits(self, prev: str, c: str) -> bool:
         """Both chars digits, in a family whose digit pieces have a fixed length (Rule 3):
         a piece boundary between them stays one while the text before it stays."""
-        return bool(self.rules.digit_step) and self.info.cls(prev) == self.info.cls(c) == "N"
+        return bool(self.rules.digit_step) and self.info.cls(prev) == self.info.cls(c) == self.info.digit
 
     def _group_start(self, w: str, p: int) -> bool:
         """Whether p starts a digit piece of w: ``digit_step`` digits after w's run start.
 
         w starts at a piece boundary, so its digit groups are counted from the run's start
         inside w (or from w's start, itself a group start)."""
-        step, cls = self.rules.digit_step, self.info.cls
+        step, cls, digit = self.rules.digit_step, self.info.cls, self.info.digit
         if step == 1:
             return True
         q = p
-        while q > 0 and cls(w[q - 1]) == "N":
+        while q > 0 and cls(w[q - 1]) == digit:
             q -= 1
         return (p - q) % step == 0
 

@@ -138,6 +138,14 @@ def unsupported(ref: ReferenceTokenizer) -> str:
     return _usable_rules(ref)[1]
 
 
+def piece_unsupported(ref: ReferenceTokenizer) -> str:
+    """Why ``ref``'s merge table cannot BPE one given piece ("" when it can): a verified
+    pipeline is all it needs (Falcon's included; ``unsupported`` also asks for whole-char
+    pre-tokenization)."""
+    rules, why = rules_for(ref)
+    return "" if rules is not None else f"needs a verified pipeline: {why}"
+
+
 def _usable_rules(ref: ReferenceTokenizer) -> tuple[Rules | None, str]:
     """(the splice rules, "") when the tensor BPE can encode like ``ref``, else (None, why).
 
