@@ -27,6 +27,9 @@ def _text(rng: random.Random, parts: int) -> str:
         out.append(rng.choice(AROUND) * rng.randint(1, 3))
         if rng.random() < 0.6:
             out.append(rng.choice([" ", "\t"]) * rng.choice([RUN_MIN, RUN_MIN + 1, 300, 1000, 2500]))
+    if rng.random() < 0.3:   # a digit tail (cut where the pipeline allows: digit_runs)
+        n = rng.choice([RUN_MIN - 1, RUN_MIN, 700, 2500])
+        out.append("".join(str(rng.randrange(10)) for _ in range(n)))
     return "".join(out)
 
 
@@ -39,6 +42,26 @@ def test_cut_and_uncut():
     # ends next to a run's two ends map to them; one deep inside is refused
     assert uncut([1, 1 + KEEP - 1, 1 + KEEP, len(c.text)], c) == [1, 1000, 1001, len(seg)]
     assert uncut([1 + HEAD + 1], c) is None and uncut([1 + KEEP - TAIL - 1], c) is None
+
+
+def test_cut_a_trailing_digit_run():
+    digits = "".join(str(i * 7 % 10) for i in range(1000))
+    seg = "a " * 200 + digits + "." + digits      # only the text's last digit run is cut
+    assert cut(seg, spaces=True, digits=False) is None
+    c = cut(seg, spaces=False, digits=True)
+    u = len(seg) - 1000
+    assert c.text == seg[:u] + digits[0] * KEEP and c.runs == ((u, 0, 1000 - KEEP),)
+    assert uncut([u, len(c.text)], c) == [u, len(seg)]
+    assert cut(seg + "x", digits=True) is None and cut("7" * (RUN_MIN - 1), digits=True) is None
+    both = cut(" " * 300 + digits, spaces=True, digits=True)
+    assert both.text == " " * KEEP + digits[0] * KEEP
+
+
+def test_digit_runs_are_cut_only_where_the_run_is_one_piece():
+    # GPT-2's ' ?\p{N}+' takes a digit run whole; every other verified pipeline cuts digits
+    # into groups (pieces inside the run), where cutting the run would be wrong
+    assert {k for k, v in VERIFIED.items() if v.digit_runs} == {"r50k-pattern", "gpt2-pattern"}
+    assert all(not v.digit_step for v in VERIFIED.values() if v.digit_runs)
 
 
 @pytest.mark.parametrize("key", sorted(VERIFIED))
@@ -54,7 +77,8 @@ def test_pieces_of_cut_runs_are_the_pieces_of_the_text(family):
     assert rules is not None and rules.space_runs, why
     info = CharInfo(rules.marks_are_letters, rules.cjk_stage, rules.scheme)
     fast = PieceScanner(ref, rules, info)
-    plain = PieceScanner(ref, dataclasses.replace(rules, space_runs=False), info)
+    plain = PieceScanner(ref, dataclasses.replace(rules, space_runs=False, digit_runs=False),
+                         info)
     rng = random.Random(family)
     cuts = 0
     for _ in range(60):
@@ -62,7 +86,7 @@ def test_pieces_of_cut_runs_are_the_pieces_of_the_text(family):
         for s, e, sid in plain.split_specials(text):
             if sid is None:
                 seg = text[s:e]
-                cuts += cut(seg) is not None
+                cuts += cut(seg, rules.space_runs, rules.digit_runs) is not None
                 assert fast.pieces(seg) == plain.pieces(seg), (family, seg[:40], seg[-40:])
     assert cuts >= 20      # the cut path was taken, not only the plain one
 

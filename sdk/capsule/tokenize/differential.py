@@ -1,7 +1,8 @@
 """Differential campaign: incremental ids vs the reference on the full text, over real text.
 
 Texts: source files of installed packages (deterministic choice by seed), a multilingual sample,
-hazard-alphabet strings and long space or tab runs among hazards, each cut at random points into appends (and some tail replacements).
+hazard-alphabet strings and long space, tab or digit runs among hazards, each cut at random
+points into appends (and some tail replacements).
 Every call is one check: ``tok.ids == reference.encode(tok.text)``. ``capsule bench --suite
 tokenize-diff`` and the tests call ``run_differential``.
 """
@@ -90,10 +91,15 @@ def _texts(seed: int, max_chars: int, hazard: list[str] = HAZARD
         elif roll < 0.95:
             n = rng.randint(1, 120)
             yield "hazard", "".join(rng.choice(hazard) for _ in range(n))
-        else:   # long space / tab runs among hazards: the cut runs of space_runs.py
-            parts = [rng.choice(hazard) + rng.choice(" \t") * rng.randint(200, max(200, max_chars))
+        else:   # long space / tab / digit runs among hazards: the cut runs of space_runs.py
+            parts = [rng.choice(hazard) + _run(rng, rng.randint(200, max(200, max_chars)))
                      for _ in range(rng.randint(1, 3))]
             yield "runs", "".join(parts) + rng.choice(hazard)
+
+
+def _run(rng: random.Random, n: int) -> str:
+    kind = rng.choice(" \t0")
+    return kind * n if kind != "0" else "".join(rng.choice("0123456789") for _ in range(n))
 
 
 def _cuts(rng: random.Random, text: str) -> list[str]:

@@ -71,6 +71,7 @@ class Verified:
     #                             edges of ASCII punctuation and digit runs (docs/TOKENIZATION.md)
     space_runs: bool = False    # long space / tab runs may be cut short before pre-tokenizing
     #                             (space_runs.py; docs/TOKENIZATION.md "Space runs" proves it)
+    digit_runs: bool = False    # a long trailing ASCII digit run too (GPT-2's ' ?\p{N}+' only)
 
 
 VERIFIED = {
@@ -78,8 +79,8 @@ VERIFIED = {
     "qwen2-pattern": Verified((QWEN2,), False, False, 1, space_runs=True),
     "qwen3.5-pattern": Verified((QWEN35,), True, False, 1, space_runs=True),
     "deepseek-splits": Verified(DEEPSEEK_SPLITS, True, True, 3, space_runs=True),
-    "r50k-pattern": Verified((R50K,), False, False, space_runs=True),
-    "gpt2-pattern": Verified((GPT2,), False, False, space_runs=True),
+    "r50k-pattern": Verified((R50K,), False, False, space_runs=True, digit_runs=True),
+    "gpt2-pattern": Verified((GPT2,), False, False, space_runs=True, digit_runs=True),
     "llama3-pattern": Verified((LLAMA3,), False, False, 3, space_runs=True),
     "digits-gpt2": Verified((DIGITS, GPT2), False, False, 1, space_runs=True),
     "o200k-pattern": Verified((O200K,), True, False, 3, "cased", space_runs=True),

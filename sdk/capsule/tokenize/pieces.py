@@ -90,9 +90,10 @@ class PieceScanner:
         return segs
 
     def pieces(self, seg: str) -> list[int]:
-        """Ends of the pre-tokenizer pieces of one ordinary segment (its long space runs cut
-        short first where the pipeline allows: space_runs.py)."""
-        short = cut(seg) if self._rules.space_runs else None
+        """Ends of the pre-tokenizer pieces of one ordinary segment (its long space runs, and
+        trailing digit run, cut short first where the pipeline allows: space_runs.py)."""
+        r = self._rules
+        short = cut(seg, r.space_runs, r.digit_runs) if r.space_runs or r.digit_runs else None
         if short is not None:
             ends = self._pieces(short.text)
             got = uncut(ends, short) if ends else None

@@ -45,6 +45,7 @@ class Rules:
     scheme: str = "runs"          # run classes of the proof: "runs" or "cased" (patterns.py)
     digit_step: int = 0           # digit pieces of fixed length (Rule 3); 0: one per digit run
     space_runs: bool = False      # long space / tab runs may be cut before pre-tokenizing
+    digit_runs: bool = False      # ... and a long trailing ASCII digit run
 
 
 def rules_for(ref: Any) -> tuple[Rules | None, str]:
@@ -125,7 +126,8 @@ def _make(kind: str, v: Verified, nfc: bool, pattern: str | None, specials: dict
     longest = max((len(s) for s in specials), default=0)
     ends = any(info.may_end_anchor(s[-1]) for s in specials)
     return Rules(kind, v.marks_are_letters, v.cjk_stage, nfc, pattern, specials, frozenset(first),
-                 max(4, longest), frozenset(follow), ends, v.scheme, v.digit_step, v.space_runs)
+                 max(4, longest), frozenset(follow), ends, v.scheme, v.digit_step, v.space_runs,
+                 v.digit_runs)
 
 
 def _normalizers(spec: Any) -> list[str] | None:
