@@ -50,6 +50,9 @@ def test_restore_rows_are_consistent(report):
         assert r["ratio_of_min"] == pytest.approx(r["cold_min_s"] / r["restore_min_s"], rel=1e-9)
         assert len(r["cold_runs_s"]) == len(r["restore_runs_s"]) == report["settings"]["reps"]
         assert r["restore_in_open_s"] <= r["restore_open_s"]   # per run, hence per median
+        # spawn -> first token: interpreter start and imports come on top of open + first token
+        assert r["restore_import_s"] > 0 and r["restore_interpreter_s"] >= 0
+        assert r["restore_process_s"] > r["restore_s"] and r["cold_process_s"] > r["cold_s"]
         assert r["restore_bytes"] <= r["store_disk_bytes"]      # the folder is an upper bound
         # the capsule holds at least the transcript's KV
         assert r["restore_bytes"] >= r["context_tokens"] * report["settings"]["kv_bytes_per_token"]

@@ -119,6 +119,11 @@ def _tables(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, Any
               "restore_open_ms": r["restore_open_s"] * ms, "of_which_restore_ms": r["restore_in_open_s"] * ms,
               "restore_1st_token_ms": r["restore_first_token_s"] * ms, "restore_MB": r["restore_bytes"] / 1e6,
               "store_disk_MB": r["store_disk_bytes"] / 1e6} for r in restore["contexts"]]
+    # a fresh process from spawn to its first restored token, and where that time goes
+    process = [{"tokens": r["context_tokens"], "interpreter_ms": r["restore_interpreter_s"] * ms,
+                "imports_ms": r["restore_import_s"] * ms, "open_restore_ms": r["restore_open_s"] * ms,
+                "first_token_ms": r["restore_first_token_s"] * ms, "spawn_to_token_ms": r["restore_process_s"] * ms,
+                "cold_spawn_to_token_ms": r["cold_process_s"] * ms} for r in restore["contexts"]]
     d = delta
     epoch = [{"epochs": d["epochs"], "written_KB_p50": d["bytes_written_p50"] / 1e3,
               "dirty_KB_p50": d["dirty_page_bytes_p50"] / 1e3, "full_state_KB_p50": d["full_state_bytes_p50"] / 1e3,
@@ -140,6 +145,7 @@ def _tables(restore: dict[str, Any], delta: dict[str, Any], stall: dict[str, Any
         row["restore_fraction"] = tput["restore_mb_s"] / row["MB_s"] if is_disk and row["MB_s"] else None
     return {"restore-to-first-token, fresh process (medians)": main,
             "restore vs cold breakdown (medians)": parts,
+            "restore from process spawn (medians)": process,
             f"bytes per epoch, +{NEW_TOKENS} tokens a step": epoch,
             "checkpoint(wait=False) stall, 100 Hz loop, builtin:tiny": loop,
             f"read throughput at {tput['context_tokens']} tokens (MB/s)": disk,

@@ -1,8 +1,9 @@
 """Part 1 of `capsule bench --suite capsules`: restore-to-first-token in a fresh process vs cold start.
 
 Each measurement is its own child process (sys.executable -c), so nothing is warm that a
-process after a power cut would not have: the child imports first (untimed), then times
-Session.open -> first generated token and prints one JSON line. The first cold run of each
+process after a power cut would not have: the child times Session.open -> first generated
+token and prints one JSON line; the interpreter's start (spawn -> the child's first statement)
+and the imports are reported beside it, and ``*_process_s`` adds them up (spawn -> first token). The first cold run of each
 context also checkpoints its state (untimed) into the store the restore runs open, so the
 transcript is prefilled once per rep and never just for setup.
 """
@@ -14,6 +15,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,7 +25,9 @@ SOURCE_MODULES = ("textwrap", "json.decoder", "difflib", "argparse")  # varied, 
 CHILD_TIMEOUT_S = 600
 
 CHILD = r"""
-import json, sys, time
+import time
+T_START = time.time()
+import json, sys
 from capsule import Session
 from capsule.state.checkpointer import Checkpointer
 mode, store, text_path, model, device = sys.argv[1:6]
@@ -37,6 +41,7 @@ def timed(self, load_host):  # the restore's own share of open(), for the read-t
     restore_s.append(time.perf_counter() - t)
     return out
 Checkpointer.restore_newest = timed
+T_IMPORTED = time.time()
 t0 = time.perf_counter()
 s = Session.open(store, model=model, device=device, runtime=runtime, restore=mode == "restore")
 t1 = time.perf_counter()
@@ -47,7 +52,7 @@ s.generate(1)
 t3 = time.perf_counter()
 out = {"open_s": t1 - t0, "append_s": t2 - t1, "first_token_s": t3 - t2, "total_s": t3 - t0,
        "restore_s": restore_s[0] if restore_s else None, "restored_epoch": s.restored_epoch,
-       "tokens": len(s.tokens())}
+       "tokens": len(s.tokens()), "t_start": T_START, "import_s": T_IMPORTED - T_START}
 if mode == "cold+save":
     s.checkpoint()
     info = s.epochs()[-1]
@@ -76,10 +81,14 @@ def transcripts(tokenizer: Any, contexts: Sequence[int]) -> dict[int, str]:
 def _child(mode: str, store: Path, text_path: Path, model: str, device: str,
            runtime: dict[str, Any]) -> dict[str, Any]:
     argv = [sys.executable, "-c", CHILD, mode, str(store), str(text_path), model, device, json.dumps(runtime)]
+    spawn = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"bench child ({mode}, {store.name}) exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["interpreter_s"] = max(0.0, out.pop("t_start") - spawn)
+    out["process_s"] = out["interpreter_s"] + out["import_s"] + out["total_s"]
+    return out
 
 
 def _dir_bytes(path: Path) -> int:
@@ -129,6 +138,9 @@ def _row(n: int, cold: list[dict[str, Any]], warm: list[dict[str, Any]], store: 
             "cold_prefill_first_token_s": _med(cold, "first_token_s"),
             "restore_open_s": _med(warm, "open_s"), "restore_in_open_s": _med(warm, "restore_s"),
             "restore_first_token_s": _med(warm, "first_token_s"),
+            # from spawning the process: interpreter start + imports + open/restore + first token
+            "restore_interpreter_s": _med(warm, "interpreter_s"), "restore_import_s": _med(warm, "import_s"),
+            "restore_process_s": _med(warm, "process_s"), "cold_process_s": _med(cold, "process_s"),
             "restore_bytes": cold[0]["epoch_bytes"], "restore_pages": cold[0]["epoch_pages"],
             "store_disk_bytes": _dir_bytes(store),
             "cold_runs_s": [r["total_s"] for r in cold], "restore_runs_s": [r["total_s"] for r in warm]}

@@ -1,0 +1,42 @@
+"""``import capsule`` loads only the errors; Session, ControlLoop and the tokenizers' campaign
+come on first use (issue 19: the restore path pays only for what it needs)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import json, sys
+import capsule, capsule.tokenize
+before = sorted(m for m in sys.modules if m.startswith(("capsule", "torch", "numpy")))
+from capsule import Session, ControlLoop, UnsafeStore
+print(json.dumps({"before": before, "session": Session.__module__,
+                  "loop": ControlLoop.__module__, "unsafe": UnsafeStore.__module__,
+                  "dir": "Session" in dir(capsule)}))
+"""
+
+
+def test_import_capsule_loads_no_torch_and_no_session():
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
+                         check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not any(m.startswith(("torch", "numpy")) for m in got["before"]), got["before"]
+    assert "capsule.session" not in got["before"] and "capsule.control" not in got["before"]
+    assert "capsule.tokenize.differential" not in got["before"]
+    assert (got["session"], got["loop"], got["unsafe"]) == ("capsule.session", "capsule.control",
+                                                           "capsule.store.errors")
+    assert got["dir"]
+
+
+def test_unknown_names_raise_attribute_error():
+    import capsule
+    import capsule.tokenize
+    with pytest.raises(AttributeError, match="no attribute 'Sesion'"):
+        capsule.Sesion  # noqa: B018
+    with pytest.raises(AttributeError):
+        capsule.tokenize.run_diff  # noqa: B018
+    from capsule.tokenize import run_differential
+    assert callable(run_differential) and capsule.Session.__name__ == "Session"
