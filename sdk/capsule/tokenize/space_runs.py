@@ -34,8 +34,8 @@ except ImportError:   # pragma: no cover
 @dataclass(frozen=True)
 class Cut:
     """``text`` with every run of ``RUN_MIN`` or more spaces (or tabs, or its trailing digit
-    run) cut to ``KEEP`` chars; ``runs``: (start of the kept run in ``text``, chars removed before it, chars removed up to
-    its end)."""
+    run) cut to ``KEEP`` chars; ``runs``: (start of the kept run in ``text``, chars removed
+    before it, chars removed up to its end)."""
     text: str
     runs: tuple[tuple[int, int, int], ...]
 
