@@ -18,6 +18,9 @@ from .reliability_ledger import Ledger
 from . import reliability_oracle as O
 
 
+READ_WAIT_S = 2.0   # most a writer step waits for a reader to finish one read
+
+
 def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: bool = False,
                     seed: int = 0) -> T.Tally:
     tally, lock = T.Tally(), threading.Lock()
@@ -27,6 +30,10 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
     ledger = Ledger()
     st = Store.open(path, segment_bytes=H.SEGMENT_BYTES, sign_key=key)
     stop = threading.Event()
+    # the writer lets a read finish after each of its steps (bounded wait): on a loaded machine
+    # the reader threads could otherwise get almost no time while the writer runs (2 reads in
+    # 80 writes on CI), and a read beside no write proves nothing
+    read_done = threading.Event()
 
     def fail(what: str, detail: str) -> None:
         with lock:
@@ -59,6 +66,9 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
                     ledger.forget_tried.add(fid)
                     H.facts(st).forget_fact(fid)
                     ledger.forgotten.add(fid)
+                if readers:
+                    read_done.wait(READ_WAIT_S)
+                    read_done.clear()
         except Exception as exc:  # noqa: BLE001
             fail(f"the writer raised {type(exc).__name__}", str(exc))
         finally:
@@ -103,6 +113,7 @@ def run_concurrency(work: Path, *, writes: int = 120, readers: int = 2, signed: 
                             fail("fact_kv during writes gave wrong bytes", f"fact {f.id}")
                 with lock:
                     tally.add("concurrent reads")
+                read_done.set()
             except Exception as exc:  # noqa: BLE001
                 fail(f"a reader ({what}) raised {type(exc).__name__}", str(exc))
 
