@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .reference import ReferenceTokenizer
+from .rules import rules_for
 from .splice import common
 
 if TYPE_CHECKING:   # the table is built by tensor_bpe (torch) only when a long piece shows up
@@ -135,9 +136,9 @@ def piece_bpe(ref: ReferenceTokenizer) -> PieceBpe | None:
     first call builds the merge table (~0.1-1 s), later ones are a lookup. Falcon gets one too:
     its pieces are BPE'd alone like any other's (the caller takes only pieces that are surely
     whole, ``PieceScanner.whole_chars``)."""
-    from .tensor_bpe import merge_table, piece_unsupported
-    if piece_unsupported(ref):
+    if rules_for(ref)[0] is None:   # not tensor_bpe.unsupported: that one refuses Falcon
         return None
+    from .tensor_bpe import merge_table   # torch, only once a long piece shows up
     key = ref.fingerprint
     with _lock:
         got = _shared.get(key)

@@ -67,7 +67,7 @@ class PieceScanner:
         """Whether every piece here is one of the pipeline's own pieces. False for Falcon,
         whose stages after ByteLevel may cut inside a character: the pieces here join such a
         cut back, so only an all-ASCII piece is surely one of its pieces."""
-        return self._rules.scheme != "punct"
+        return self._rules.whole_chars
 
     def split_specials(self, text: str) -> list[tuple[int, int, int | None]]:
         """(start, end, special id or None) segments covering text, in order."""
@@ -92,8 +92,7 @@ class PieceScanner:
     def pieces(self, seg: str) -> list[int]:
         """Ends of the pre-tokenizer pieces of one ordinary segment (its long space runs, and
         trailing digit run, cut short first where the pipeline allows: space_runs.py)."""
-        r = self._rules
-        short = cut(seg, r.space_runs, r.digit_runs) if r.space_runs or r.digit_runs else None
+        short = cut(seg, self._rules.space_runs, self._rules.digit_runs)
         if short is not None:
             ends = self._pieces(short.text)
             got = uncut(ends, short) if ends else None

@@ -47,6 +47,12 @@ class Rules:
     space_runs: bool = False      # long space / tab runs may be cut before pre-tokenizing
     digit_runs: bool = False      # ... and a long trailing ASCII digit run
 
+    @property
+    def whole_chars(self) -> bool:
+        """Whether the pipeline's pieces are whole characters. False for Falcon ("punct"),
+        whose stages after ByteLevel may cut a character's byte symbols apart."""
+        return self.scheme != "punct"
+
 
 def rules_for(ref: Any) -> tuple[Rules | None, str]:
     """(rules, "") for a supported pipeline, else (None, why it re-encodes fully).

@@ -156,7 +156,8 @@ class SpliceRule:
         """Rule 4: ``a`` ends the added token ``tok`` (its text is ``T[a-len:a]``), and every
         special-token match that starts before ``a`` ends before ``m``."""
         s = self._added.get(tok)
-        return s is not None and len(s) <= a <= m - self.rules.margin and t.startswith(s, a - len(s))
+        return (s is not None and len(s) <= a <= m - self.rules.margin
+                and t.startswith(s, a - len(s)))
 
     def _added_split(self, w: str, ids_w: list[int]) -> int:
         """The end of the latest added token in ``ids_w`` at least ``tailscan`` chars before
@@ -183,7 +184,8 @@ class SpliceRule:
     def _in_digits(self, prev: str, c: str) -> bool:
         """Both chars digits, in a family whose digit pieces have a fixed length (Rule 3):
         a piece boundary between them stays one while the text before it stays."""
-        return bool(self.rules.digit_step) and self.info.cls(prev) == self.info.cls(c) == self.info.digit
+        info = self.info
+        return bool(self.rules.digit_step) and info.cls(prev) == info.cls(c) == info.digit
 
     def _group_start(self, w: str, p: int) -> bool:
         """Whether p starts a digit piece of w: ``digit_step`` digits after w's run start.

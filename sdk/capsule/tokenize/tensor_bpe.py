@@ -138,14 +138,6 @@ def unsupported(ref: ReferenceTokenizer) -> str:
     return _usable_rules(ref)[1]
 
 
-def piece_unsupported(ref: ReferenceTokenizer) -> str:
-    """Why ``ref``'s merge table cannot BPE one given piece ("" when it can): a verified
-    pipeline is all it needs (Falcon's included; ``unsupported`` also asks for whole-char
-    pre-tokenization)."""
-    rules, why = rules_for(ref)
-    return "" if rules is not None else f"needs a verified pipeline: {why}"
-
-
 def _usable_rules(ref: ReferenceTokenizer) -> tuple[Rules | None, str]:
     """(the splice rules, "") when the tensor BPE can encode like ``ref``, else (None, why).
 
@@ -155,7 +147,7 @@ def _usable_rules(ref: ReferenceTokenizer) -> tuple[Rules | None, str]:
     rules, why = rules_for(ref)
     if rules is None:
         return None, f"needs a verified pipeline: {why}"
-    if rules.scheme == "punct":
+    if not rules.whole_chars:
         return None, "its pre-tokenizer cuts inside characters (stages after ByteLevel)"
     return rules, ""
 

@@ -3,8 +3,8 @@
 Each measurement is its own child process (sys.executable -c), so nothing is warm that a
 process after a power cut would not have: the child times Session.open -> first generated
 token and prints one JSON line; the interpreter's start (spawn -> the child's first statement)
-and the imports are reported beside it, and ``*_process_s`` adds them up (spawn -> first token). The first cold run of each
-context also checkpoints its state (untimed) into the store the restore runs open, so the
+and the imports are reported beside it, and ``*_process_s`` adds them up (spawn -> first
+token). The first cold run of each context also checkpoints its state (untimed) into the store the restore runs open, so the
 transcript is prefilled once per rep and never just for setup.
 """
 from __future__ import annotations
