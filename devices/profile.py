@@ -39,6 +39,7 @@ BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
 DECODE_ATTENTION = ("torch", "triton")   # runtime.decode_attention (capsule.llm.model uses it)
 LLM_ENGINES = ("torch", "onnxruntime", "tensorrt")   # runtime.llm_engines (capsule.assembly selects)
+LINEARS = ("dequantized", "int4")   # runtime.linears (capsule.llm.loader: int4 keeps Q4_0/Q4_1 GGUF weights)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -57,6 +58,9 @@ class RuntimeDefaults:
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
     decode_attention: str = "torch"   # "torch" or "triton" (edge_kernels.paged_decode; needs Triton)
     llm_engines: tuple[str, ...] = ("torch",)   # LLM step engines, first that runs here wins
+    # "int4": a GGUF's Q4_0 / Q4_1 layers multiply by their 4-bit weights (CPU, torch engine;
+    # bf16 matmuls: faster, not parity-exact); "dequantized": every weight in `dtype`
+    linears: str = "dequantized"
     # host and GPU share one DRAM (Jetson): a full checkpoint (the first, or the one after a
     # failed write) then streams its KV blocks into the store before returning, even with
     # wait=False, instead of copying the whole pool to host bytes first (a second pool in DRAM)
@@ -86,6 +90,7 @@ class RuntimeDefaults:
             check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
         check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)
         check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION)
+        check_choice("runtime.linears", self.linears, LINEARS)
         if self.threads is not None:
             check_int("runtime.threads", self.threads, lo=1)
         if not isinstance(self.llm_engines, (list, tuple)) or not self.llm_engines:

@@ -16,7 +16,7 @@ import torch
 
 import devices
 
-from .errors import StoreError, TokenizerError, VocabMismatch
+from .errors import ModelLoadError, StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
 from .llm.engines import EngineOptions, select_llm_engine
@@ -136,13 +136,18 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
     source = str(model)
     dev = torch.device("cuda" if profile.device == "cuda" else "cpu")
     dtype = DTYPES[rt.dtype]
+    if rt.linears != "dequantized" and rt.llm_engines[0] != "torch":
+        raise ModelLoadError(f"runtime.linears={rt.linears!r} runs on the torch engine; list 'torch' first in "
+                             f"runtime.llm_engines (got {list(rt.llm_engines)}) or use runtime.linears='dequantized'")
     # no background encoder build during open: it would hold the GIL while the capsule restores.
     # The encoder is built on the first append, or prefetched after the first generate
     if source.startswith("builtin:"):   # random weights sized to the tokenizer's vocabulary
         tok = load_reference(tokenizer or DEFAULT_BUILTIN_TOKENIZER, prefetch=False)
-        decoder, info = load_model(source, device=dev, dtype=dtype, vocab_size=tok.vocab_size)
+        decoder, info = load_model(source, device=dev, dtype=dtype, vocab_size=tok.vocab_size,
+                                   linears=rt.linears)
     else:   # a model carries its tokenizer: a folder's tokenizer.json, a GGUF's metadata
-        decoder, info = load_model(source, device=dev, dtype=dtype, own_tokenizer=tokenizer is None)
+        decoder, info = load_model(source, device=dev, dtype=dtype, own_tokenizer=tokenizer is None,
+                                   linears=rt.linears)
         tokenizer = tokenizer or info.tokenizer_path
         if tokenizer is None:
             raise TokenizerError(f"{source} carries no tokenizer (no tokenizer.json, or a GGUF without "
@@ -195,6 +200,9 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # the Triton decode kernel sums in another order than SDPA: a capsule continues
         # bit-exactly only under the attention it was taken with (named only when not the default)
         layout["decode_attention"] = rt.decode_attention
+    if llm and rt.linears != "dequantized":
+        # int4 weights multiply in bf16: other logits, other K/V (named only when not the default)
+        layout["linears"] = rt.linears
     if actor is not None:   # a capsule's hidden state means nothing to other policy weights
         layout["policy"] = actor.runner.spec.digest
     model = "none"
@@ -220,6 +228,7 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
         layout["kv_dtype"] = rt.kv_cache_dtype
         layout["llm_engine"] = llm.engine.runner.engine_name
         layout["decode_attention"] = rt.decode_attention
+        layout["linears"] = llm.info.linears
     if actor is not None:
         spec = actor.runner.spec
         layout["policy"] = f"{spec.name} ({spec.digest[:12]})"

@@ -14,7 +14,7 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from .config import ModelConfig
 from .gguf_file import SUPPORTED_TYPES, GGUFHeader, TensorInfo
 from .model import expected_shapes
 from .safetensors_mmap import read_safetensors
+
+if TYPE_CHECKING:
+    from .linears import DenseLinears, LayerLinears
 
 CACHE_FORMAT = "capsule-gguf-cache/1"   # bump when the conversion below changes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
@@ -94,7 +97,7 @@ def dequantize_tensor(data: np.ndarray, t: TensorInfo, cfg: ModelConfig, dtype: 
     return torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)
 
 
-def _tensor_data(header: GGUFHeader, plan: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
+def tensor_bytes(header: GGUFHeader, plan: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
     """Each planned tensor's bytes, a read-only view of the mapped file in GGUFReader's byte shape
     (rows, bytes per row), at the offsets read_header checked. gguf.GGUFReader is not used: it
     would parse the whole header again, seconds for a vocabulary's 100k strings."""
@@ -122,7 +125,7 @@ def load_weights(header: GGUFHeader, cfg: ModelConfig, digest: str,
     cached = _read_cache(path, meta, {n: t.shape for n, t in plan.items()}, dtype)
     if cached is not None:
         return cached
-    data = _tensor_data(header, plan)
+    data = tensor_bytes(header, plan)
     convert = {n: (lambda n=n: dequantize_tensor(data[n], plan[n], cfg, dtype)) for n in sorted(plan)}
     try:
         _write_cache(path, meta, plan, convert, dtype)
@@ -193,3 +196,18 @@ def _read_cache(path: Path, meta: dict[str, str], shapes: dict[str, tuple[int, .
             8 + n + sum(t.numel() * t.element_size() for t in tensors.values()) != size:
         return None
     return tensors
+
+
+def int4_linears(header: GGUFHeader, cfg: ModelConfig, dense: "Sequence[DenseLinears]"
+                 ) -> "tuple[list[LayerLinears], int]":
+    """The layers' linears with their Q4_0 / Q4_1 weights kept as int4 (int4_linear.int4_layers)
+    and how many layers that is; ModelLoadError when none is."""
+    from .int4_linear import Q4_TYPES, int4_layers
+    plan = tensor_plan(header, cfg)
+    linears, n = int4_layers(cfg, dense, tensor_bytes(header, plan), {name: t.type_id for name, t in plan.items()},
+                             unpermute if cfg.architecture == "llama" else None)
+    if n == 0:
+        raise ModelLoadError(f"runtime.linears='int4' keeps Q4_0 / Q4_1 weights quantized, and no layer of "
+                             f"{header.path.name} has all seven projections in {' or '.join(Q4_TYPES.values())} "
+                             "(with outputs a multiple of 16); use runtime.linears='dequantized'")
+    return linears, n

@@ -1,13 +1,15 @@
 """`load_model`: a Hugging Face checkpoint folder, a .gguf file, a named model or `builtin:<preset>`."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from devices.profile import LINEARS
 
 from ..errors import ModelLoadError
 from ..paths import cache_dir
@@ -23,7 +25,7 @@ from .safetensors_mmap import read_safetensors
 DEFAULT_BUILTIN_VOCAB = 100277  # cl100k_base, the default tokenizer of builtin models
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelInfo:
     """Where a model came from and what identifies its weights."""
 
@@ -33,20 +35,30 @@ class ModelInfo:
     untrained: bool
     chat_template: str | None = None   # jinja2 source: tokenizer_config.json's or the GGUF's
     label: str = ""   # short human name for messages: "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1)"
+    linears: str = "dequantized"   # how the layers multiply: "dequantized", or "int4 (30 of 30 layers)"
 
 
 def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
-               seed: int = DEFAULT_SEED, own_tokenizer: bool = True) -> tuple[Decoder, ModelInfo]:
+               seed: int = DEFAULT_SEED, own_tokenizer: bool = True,
+               linears: str = "dequantized") -> tuple[Decoder, ModelInfo]:
     """Load a decoder. `source`: a checkpoint folder (config.json + *.safetensors), a .gguf file,
     a named model (catalog.model_names(), e.g. "smollm2-135m") or "builtin:<preset>".
     `vocab_size` and `seed` apply to builtin presets only. own_tokenizer: a GGUF's tokenizer is
     built from its metadata (ModelInfo.tokenizer_path); False skips that (a tokenizer is given).
+    linears: "dequantized" (every weight in `dtype`) or "int4": a GGUF's Q4_0 / Q4_1 layers keep
+    their 4-bit weights (int4_linear.py; CPU only, not parity-exact, deterministic).
 
     Raises ModelLoadError (missing files, unknown preset, bad tensors) or
     UnsupportedArchitecture (another architecture, sliding window, YaRN, a GGUF quant type, ...).
     """
     src = str(source)
+    if linears not in LINEARS:
+        raise ValueError(f"linears must be one of {LINEARS}, got {linears!r}")
+    if linears == "int4" and torch.device(device).type != "cpu":
+        raise ModelLoadError("runtime.linears='int4' runs on CPU only (torch's int4 weight-only kernel "
+                             "for CUDA packs weights differently); use runtime.linears='dequantized' on GPU")
+    header = None
     if src.startswith("builtin:"):
         name = src.split(":", 1)[1]
         vocab = DEFAULT_BUILTIN_VOCAB if vocab_size is None else int(vocab_size)
@@ -56,7 +68,8 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         digest = hashlib.sha256(f"builtin:{name}:v{vocab}:s{seed}:{cfg.fingerprint()}".encode()).hexdigest()
         info = ModelInfo(src, digest, None, untrained=True, label=src)
     elif (path := resolve_named(src) or Path(src)).is_file():
-        cfg, weights, info = _load_gguf(path, dtype, own_tokenizer)
+        header = gguf_file.read_header(path)
+        cfg, weights, info = _load_gguf(header, dtype, own_tokenizer)
     else:
         folder = path
         cfg, files = _inspect_folder(folder)
@@ -75,12 +88,21 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                          chat_template=folder_chat_template(folder), label=folder.name)
     weights = {n: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for n, t in weights.items()}
-    return Decoder(cfg, weights), info
+    decoder = Decoder(cfg, weights)
+    if linears == "int4":
+        if header is None:
+            raise ModelLoadError(f"runtime.linears='int4' keeps a GGUF's Q4_0 / Q4_1 weights quantized; "
+                                 f"{src} is no GGUF file (load a Q4_0 / Q4_1 GGUF, or use "
+                                 "runtime.linears='dequantized')")
+        layers, n = gguf_weights.int4_linears(header, cfg, [lw.dense() for lw in decoder.layers])
+        decoder.use_linears(layers, "int4")
+        info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)")
+    return decoder, info
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, own_tokenizer: bool
+def _load_gguf(header: gguf_file.GGUFHeader, dtype: torch.dtype, own_tokenizer: bool
                ) -> tuple[ModelConfig, dict[str, torch.Tensor], ModelInfo]:
-    header = gguf_file.read_header(path)
+    path = header.path
     cfg = gguf_file.gguf_config(header)
     digest = weights_digest([path])   # of the file as stored: another quantization is another model
     weights = gguf_weights.load_weights(header, cfg, digest, dtype)

@@ -16,6 +16,7 @@ from edge_kernels.paged_decode import paged_decode_attention
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
+from .linears import DenseLinears, LayerLinears
 from .paged_attention import attention_mask, paged_attention, write_kv
 from .rope import apply_rope, rope_tables
 
@@ -78,6 +79,9 @@ class Decoder(nn.Module):
                                    for n in want})
         # per-layer tensors resolved once: the step loop does no name lookups
         self.layers = [_LayerWeights.of(self, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+        # what forward multiplies by: dense views of those weights unless use_linears swaps them
+        self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
+        self.linears_kind = "dequantized"
         self.scale = cfg.head_dim ** -0.5
         self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
@@ -108,6 +112,13 @@ class Decoder(nn.Module):
         if kind not in DECODE_ATTENTION:
             raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {kind!r}")
         self.decode_attention = kind
+
+    def use_linears(self, linears: Sequence[LayerLinears], kind: str) -> None:
+        """Multiply by `linears` (one per layer, e.g. int4_linear.int4_layers') from now on;
+        `kind` names them (runtime.linears). Before any graph is captured."""
+        if len(linears) != self.cfg.num_layers:
+            raise ValueError(f"need one LayerLinears per layer ({self.cfg.num_layers}), got {len(linears)}")
+        self.linears, self.linears_kind = list(linears), kind
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         w = self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
@@ -148,11 +159,12 @@ class Decoder(nn.Module):
         mask = None if kernel else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
                                                   H // KV, self.dtype, key_valid, key_pos)  # (B, 1, T*G, S)
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
-        for i, lw in enumerate(self.layers):
+        for i, (lw, lin) in enumerate(zip(self.layers, self.linears)):
             h = rms_norm(x, lw.in_norm, cfg.rms_norm_eps)
-            q = F.linear(h, lw.q, lw.q_bias).view(B * T, H, hd)               # (N, H, hd)
-            k = F.linear(h, lw.k, lw.k_bias).view(B * T, KV, hd)              # (N, KV, hd)
-            v = F.linear(h, lw.v, lw.v_bias).view(B * T, KV, hd)
+            q, k, v = lin.qkv(h)
+            q = q.reshape(B * T, H, hd)                                        # (N, H, hd)
+            k = k.reshape(B * T, KV, hd)                                       # (N, KV, hd)
+            v = v.reshape(B * T, KV, hd)
             if lw.q_norm is not None:   # Qwen3: per head, over hd, before RoPE
                 q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
                 k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
@@ -168,9 +180,8 @@ class Decoder(nn.Module):
             else:
                 att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
                                       self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
-            x = x + F.linear(att.reshape(B, T, H * hd), lw.o, lw.o_bias)
-            h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-            x = x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)
+            x = x + lin.o(att.reshape(B, T, H * hd))
+            x = x + lin.mlp(rms_norm(x, lw.post_norm, cfg.rms_norm_eps))
         return rms_norm(x, self.p("model.norm.weight"), cfg.rms_norm_eps)
 
 
@@ -191,6 +202,10 @@ class _LayerWeights(NamedTuple):
     down: torch.Tensor
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+
+    def dense(self) -> DenseLinears:
+        return DenseLinears(self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
+                            self.q_bias, self.k_bias, self.v_bias, self.o_bias)
 
     @classmethod
     def of(cls, model: "Decoder", p: str) -> "_LayerWeights":

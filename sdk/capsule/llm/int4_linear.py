@@ -1,0 +1,150 @@
+"""Weight-only int4 linears for a GGUF's Q4_0 / Q4_1 tensors: the 4-bit codes stay 4-bit.
+
+A Q4_0 / Q4_1 block holds 32 weights of one row: w = d * q + m, q in 0..15 (Q4_0: m = -8 d).
+torch's CPU kernel `_weight_int4pack_mm_for_cpu` (what gpt-fast's int4 path runs) computes with
+w = (q - 8) * scale + zero per group of 32 inputs, so (scale, zero) = (d, m + 8 d) are the
+same weights. A decode step then reads ~4.6 bits per weight instead of 32.
+
+Numerics: the kernel's fast path is bfloat16 (its float32 path was ~30x slower here), so the
+activations going in, the scales and zeros, and the outputs are rounded to bf16. Not parity-exact
+with the dequantized float32 model (`capsule bench --suite decode` reports the logit deviation),
+but deterministic: the same tokens give the same K/V and logits, so a continuation after a
+restore is bit-exact, and capsules bind `runtime.linears` so one never continues under the other.
+
+A layer is kept quantized only when all seven of its projections can be (Q4_0 / Q4_1, outputs
+a multiple of 16, the kernel's packing unit); other layers stay dense. q/k/v and gate/up are
+fused into one matmul each (fewer operator calls per layer).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelLoadError
+from .config import ModelConfig
+from .linears import DenseLinears, LayerLinears
+
+GROUP = 32                      # weights per Q4 block, and the kernel's group size
+Q4_TYPES = {2: "Q4_0", 3: "Q4_1"}
+_BLOCK_BYTES = {2: 18, 3: 20}   # fp16 d [, fp16 m], 16 bytes of nibbles
+_N_MULTIPLE = 16                # _convert_weight_to_int4pack_for_cpu packs outputs by 16
+# HF suffixes (after model.layers.N.) of a layer's projections, in fused order
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+PROJECTIONS = QKV + ("self_attn.o_proj",) + GATE_UP + ("mlp.down_proj",)
+
+
+def kernel_missing() -> str | None:
+    """Why this torch cannot run int4 linears, or None when it can."""
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") \
+            or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
+        return f"torch {torch.__version__} has no CPU int4 weight-only matmul (_weight_int4pack_mm_for_cpu)"
+    return None
+
+
+def q4_blocks(raw: np.ndarray, type_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_0 / Q4_1 matrix's bytes (N, K/32 * block bytes) -> (codes (N, K) uint8 in 0..15,
+    d (N, K/32) float32, m (N, K/32) float32) with weight[n, 32 g + j] = d[n, g] * codes[n, 32 g + j]
+    + m[n, g]: element j of a block is the low nibble of byte j, element j + 16 its high nibble."""
+    if type_id not in Q4_TYPES:
+        raise ValueError(f"GGUF type {type_id} is not one of {sorted(Q4_TYPES.values())}")
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, _BLOCK_BYTES[type_id])       # (N, K/32, bytes)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)        # (N, K/32)
+    if type_id == 3:
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        qs = blocks[..., 4:]
+    else:
+        m = -8.0 * d
+        qs = blocks[..., 2:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)            # (N, K)
+    return codes, d, m
+
+
+class Int4Matrix:
+    """y = x @ W^T for W (N, K) held as packed int4 codes with bf16 (scale, zero) per group."""
+
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray):
+        n, k = codes.shape
+        if n % _N_MULTIPLE or k % GROUP:
+            raise ValueError(f"int4 matrix ({n}, {k}) needs N % {_N_MULTIPLE} == 0 and K % {GROUP} == 0")
+        self.n_out, self.n_in = n, k
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(
+            torch.from_numpy(codes.astype(np.int32)), 2)                               # (N, K/2) uint8
+        zero = m + 8.0 * d                                                              # (q - 8) d + zero
+        self.scales_zeros = torch.from_numpy(np.stack([d, zero], -1)).transpose(0, 1) \
+            .contiguous().to(torch.bfloat16)                                            # (K/32, N, 2)
+
+    @classmethod
+    def fused(cls, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> "Int4Matrix":
+        """One matrix whose outputs are the parts' outputs, in order (q|k|v, gate|up)."""
+        return cls(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., K) -> (..., N); bf16 in and out (see the module docstring), back to x's dtype
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.n_in).to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        return y.to(x.dtype).view(*x.shape[:-1], self.n_out)
+
+
+class Int4Linears:
+    """A layer's projections as int4 matrices: q|k|v and gate|up fused."""
+
+    def __init__(self, qkv: Int4Matrix, o: Int4Matrix, gate_up: Int4Matrix, down: Int4Matrix,
+                 qkv_widths: tuple[int, int, int], qkv_bias: torch.Tensor | None,
+                 o_bias: torch.Tensor | None):
+        self.qkv_m, self.o_m, self.gate_up, self.down = qkv, o, gate_up, down
+        self.widths, self.qkv_bias, self.o_bias = list(qkv_widths), qkv_bias, o_bias
+        self.inter = gate_up.n_out // 2
+
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.qkv_m(h)                                                   # (B, T, (H + 2 KV) hd)
+        if self.qkv_bias is not None:
+            y = y + self.qkv_bias
+        q, k, v = y.split(self.widths, -1)
+        return q, k, v
+
+    def o(self, a: torch.Tensor) -> torch.Tensor:
+        y = self.o_m(a)
+        return y if self.o_bias is None else y + self.o_bias
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_up(h).split(self.inter, -1)                        # (B, T, I) each
+        return self.down(F.silu(g) * u)
+
+
+def int4_layers(cfg: ModelConfig, dense: Sequence[DenseLinears], raw: Mapping[str, np.ndarray],
+                types: Mapping[str, int], unpermute) -> tuple[list[LayerLinears], int]:
+    """Each layer's linears: int4 where all seven projections are Q4_0 / Q4_1 with outputs a
+    multiple of 16, else the layer's dense ones. raw / types: HF weight name -> the GGUF tensor's
+    bytes / type id; unpermute(array, n_heads) undoes llama's q/k row order (None: not permuted).
+    Returns (linears per layer, how many layers are int4)."""
+    missing = kernel_missing()
+    if missing:
+        raise ModelLoadError(f"runtime.linears='int4' needs torch's int4 kernel: {missing}; "
+                             "use runtime.linears='dequantized'")
+    out: list[LayerLinears] = []
+    for i, lin in enumerate(dense):
+        p = f"model.layers.{i}."
+        names = [p + s + ".weight" for s in PROJECTIONS]
+        if not all(types.get(n) in Q4_TYPES and raw[n].shape[0] % _N_MULTIPLE == 0 for n in names):
+            out.append(lin)
+            continue
+        parts = {}
+        for s, n in zip(PROJECTIONS, names):
+            codes, d, m = q4_blocks(raw[n], types[n])
+            heads = {QKV[0]: cfg.num_heads, QKV[1]: cfg.num_kv_heads}.get(s)
+            if unpermute is not None and heads is not None:   # rows only: groups run along K
+                codes, d, m = (unpermute(a, heads) for a in (codes, d, m))
+            parts[s] = (codes, d, m)
+        bias = None
+        if lin.q_bias is not None:
+            bias = torch.cat([lin.q_bias, lin.k_bias, lin.v_bias])
+        widths = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+        out.append(Int4Linears(Int4Matrix.fused([parts[s] for s in QKV]), Int4Matrix(*parts[PROJECTIONS[3]]),
+                               Int4Matrix.fused([parts[s] for s in GATE_UP]), Int4Matrix(*parts[PROJECTIONS[6]]),
+                               widths, bias, lin.o_bias))
+    return out, sum(isinstance(x, Int4Linears) for x in out)
