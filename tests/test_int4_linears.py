@@ -1,0 +1,147 @@
+"""runtime.linears='int4': a GGUF's Q4_0 / Q4_1 weights kept 4-bit (capsule.llm.int4_linear).
+
+The codes and scales read from the blocks are gguf's own dequantization exactly; the kernel's
+products are those weights' up to bf16 rounding; a model loads int4 only where it can, its
+logits stay near the dequantized model's (and differ: the int4 path ran); a Session continues
+bit-exactly across a restore, and a capsule is bound to the setting it was taken with."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from capsule import CapsuleMismatch, Session
+from capsule.errors import ModelLoadError
+from capsule.llm import load_model
+from capsule.llm.int4_linear import Int4Linears, Int4Matrix, kernel_missing, q4_blocks
+from gguf_checkpoints import checkpoint_gguf, hf_state, logits, random_checkpoint, write_gguf
+
+pytestmark = pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))
+TOKENIZER = "r50k_base"          # max id 50256: the Session model's vocabulary must hold it
+
+
+def _quantized(qname: str, shape: tuple[int, int], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    import gguf
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.05, shape).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[qname]
+    raw = gguf.quants.quantize(w, qtype)
+    return raw, gguf.quants.dequantize(raw, qtype).reshape(shape)
+
+
+@pytest.mark.parametrize("qname, type_id", [("Q4_0", 2), ("Q4_1", 3)])
+def test_codes_and_scales_are_ggufs_dequantization_exactly(qname, type_id):
+    raw, want = _quantized(qname, (48, 96))
+    codes, d, m = q4_blocks(raw, type_id)
+    assert codes.shape == (48, 96) and d.shape == m.shape == (48, 3)
+    assert codes.min() >= 0 and codes.max() <= 15 and len(np.unique(codes)) > 8
+    got = (codes.reshape(48, 3, 32) * d[..., None] + m[..., None]).reshape(48, 96)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("qname, type_id", [("Q4_0", 2), ("Q4_1", 3)])
+def test_the_kernel_multiplies_by_those_weights(qname, type_id):
+    raw, w = _quantized(qname, (64, 128), seed=1)
+    mat = Int4Matrix(*q4_blocks(raw, type_id))
+    x = torch.randn(2, 5, 128, generator=torch.Generator().manual_seed(0))
+    got = mat(x)
+    want = x @ torch.from_numpy(w).t()
+    assert got.shape == (2, 5, 64) and got.dtype == torch.float32
+    err = (got - want).abs().max().item()
+    assert err < 0.02 * want.abs().max().item()     # bf16 rounding; a wrong nibble or zero is O(1)
+    assert torch.equal(mat(x), got)                 # deterministic
+
+
+def test_fused_matrix_outputs_are_the_parts_in_order():
+    a, b = (q4_blocks(_quantized("Q4_1", (n, 64), seed=n)[0], 3) for n in (32, 16))
+    x = torch.randn(3, 64)
+    fused = Int4Matrix.fused([a, b])(x)
+    assert torch.equal(fused[:, :32], Int4Matrix(*a)(x)) and torch.equal(fused[:, 32:], Int4Matrix(*b)(x))
+
+
+def test_a_matrix_the_kernel_cannot_pack_is_refused():
+    codes, d, m = q4_blocks(_quantized("Q4_1", (24, 64))[0], 3)
+    with pytest.raises(ValueError, match="N % 16"):
+        Int4Matrix(codes, d, m)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_int4_logits_stay_near_the_dequantized_models(kind, tmp_path):
+    # llama: q/k rows unpermuted like the dequantized weights; qwen2: the fused q|k|v bias
+    path, _ = checkpoint_gguf(kind, tmp_path, default_qtype="Q4_1", qtypes={"blk.0.attn_q.weight": "Q4_0"})
+    deq, _ = load_model(path)
+    q4, info = load_model(path, linears="int4")
+    assert info.linears == "int4 (2 of 2 layers)"
+    assert all(isinstance(lin, Int4Linears) for lin in q4.linears) and q4.linears_kind == "int4"
+    h = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(2))
+    for lin_d, lin_q in zip(deq.linears, q4.linears):   # each projection: its rows, bias and order
+        pairs = list(zip(lin_d.qkv(h), lin_q.qkv(h))) + [(lin_d.mlp(h), lin_q.mlp(h)), (lin_d.o(h), lin_q.o(h))]
+        for want, got in pairs:
+            assert (got - want).abs().max().item() < 0.02 * want.abs().max().item()
+    ids = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(3))
+    want, got = logits(deq, ids), logits(q4, ids)
+    dev = (got - want).abs().max().item()
+    assert 0 < dev < 0.03 * want.abs().max().item(), dev
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_layer_with_another_type_stays_dense(tmp_path):
+    path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q4_1", qtypes={"blk.1.ffn_down.weight": "Q8_0"})
+    model, info = load_model(path, linears="int4")
+    assert info.linears == "int4 (1 of 2 layers)"
+    assert isinstance(model.linears[0], Int4Linears) and not isinstance(model.linears[1], Int4Linears)
+
+
+def test_int4_is_refused_where_it_cannot_run(tmp_path):
+    with pytest.raises(ModelLoadError, match="no GGUF file"):
+        load_model("builtin:tiny", linears="int4", vocab_size=512)
+    f32, _ = checkpoint_gguf("llama", tmp_path / "f32")
+    with pytest.raises(ModelLoadError, match="no layer .* Q4_0 or Q4_1"):
+        load_model(f32, linears="int4")
+    with pytest.raises(ModelLoadError, match="CPU only"):   # refused before anything touches CUDA
+        load_model(f32, linears="int4", device="cuda")
+    with pytest.raises(ValueError, match="linears must be one of"):
+        load_model(f32, linears="int8")
+    with pytest.raises(ValueError, match="runtime.linears"):
+        Session.open(tmp_path / "s0", model=str(f32), tokenizer=TOKENIZER, device="cpu",
+                     runtime={"linears": "int8"})
+    with pytest.raises(ModelLoadError, match="torch engine"):
+        Session.open(tmp_path / "s1", model=str(f32), tokenizer=TOKENIZER, device="cpu",
+                     runtime={"linears": "int4", "llm_engines": ["onnxruntime", "torch"]})
+
+
+@pytest.fixture(scope="module")
+def session_gguf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("int4")
+    hf = random_checkpoint("llama", folder / "hf", vocab_size=50304, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=512)
+    weights, cfg = hf_state(hf)
+    return write_gguf(folder / "m.gguf", weights, cfg, "llama", default_qtype="Q4_1",
+                      qtypes={"token_embd.weight": "Q8_0", "output.weight": "Q8_0"})
+
+
+def _open(path, model, linears="int4"):
+    return Session.open(path, model=str(model), tokenizer=TOKENIZER, device="cpu",
+                        runtime={"linears": linears, "threads": 1})
+
+
+def test_a_restored_int4_session_continues_bit_exactly(session_gguf, tmp_path):
+    with _open(tmp_path / "s", session_gguf) as s:
+        s.append("user: bring me the red cup from the kitchen\n")
+        s.generate(6)
+        epoch = s.checkpoint()
+        s.generate(10)
+        want = s.tokens()
+    with _open(tmp_path / "s", session_gguf) as s:
+        assert s.restored_epoch == epoch
+        s.generate(10)
+        assert s.tokens() == want
+
+
+def test_an_int4_capsule_is_refused_by_a_dequantized_session(session_gguf, tmp_path):
+    with _open(tmp_path / "s", session_gguf) as s:
+        s.append("hello robot")
+        s.checkpoint()
+    with pytest.raises(CapsuleMismatch, match="linears"):
+        _open(tmp_path / "s", session_gguf, "dequantized")
