@@ -24,6 +24,7 @@ from .timing import announcer, make_clock, percentile, progress, step_probe
 from . import decode_append
 from . import decode_sampling
 from . import decode_threads
+from . import decode_linears
 
 BATCHES = (1, 2, 4)
 DEFAULT_STEPS, QUICK_STEPS = 128, 32       # decode steps timed per batch size
@@ -164,4 +165,6 @@ def run(opts: BenchOptions) -> SuiteResult:
     decode_sampling.report(opts, results, tables)
     say("engines x CPU threads" if device.type == "cpu" else "engines x threads: CPU only, skipped")
     decode_threads.report(opts, results, tables, device, robot_prompt)
+    say("weights: dequantized vs int4" if device.type == "cpu" else "weights: CPU only, skipped")
+    decode_linears.report(opts, results, tables, device, robot_prompt)
     return SuiteResult(settings=settings, results=results, tables=tables)

@@ -1,0 +1,172 @@
+"""The decode suite's weights table: a quantized GGUF's layers multiplied dequantized (float32, the
+default) vs kept int4 (``runtime={"linears": "int4"}``, capsule.llm.int4_linear), at 1 and 2
+threads: prefill tokens/s, decode ms/token at batch 1 per context, batch 4 per token and its
+ratio to batch 1, and how far int4's logits are from the dequantized model's.
+
+Each (linears, threads) cell is a fresh Session; cells are interleaved rep by rep so drift and the
+neighbours' load fall on all alike, after an untimed warm-up of the same shapes. Skipped (with
+the reason recorded) for a model with no Q4_0 / Q4_1 layer, and off CPU.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ...errors import ModelLoadError
+from ...llm import BlockTable, KVPool, load_model
+from ...session import Session
+from . import BenchOptions
+from .timing import make_clock, percentile, progress, step_probe
+
+LINEARS = ("dequantized", "int4")
+THREADS = (1, 2)
+CONTEXTS, QUICK_CONTEXTS = (512, 2048), (512,)
+BATCH = 4
+STEPS, QUICK_STEPS = 24, 6
+REPS, QUICK_REPS = 2, 1
+DEVIATION_TOKENS = 256
+Prompt = Callable[[Any, int, int], str]
+
+
+def _cell(s: Session, rep: int, contexts: tuple[int, ...], steps: int, prompt: Prompt) -> dict[str, Any]:
+    """Prefill seconds of the last context's prompt, batch-1 step seconds per context, batch-4
+    step seconds at the last context, and the batch-1 greedy ids at the first."""
+    clock = make_clock(torch.device("cpu"))
+    out: dict[str, Any] = {"steps": {}, "ids": None}
+    for c in contexts:
+        names = [f"lin-{rep}-{c}-{i}" for i in range(BATCH if c == contexts[-1] else 1)]
+        for i, name in enumerate(names):
+            s.append(prompt(s.tokenizer, c, 7 + i), stream=name)
+        t0 = clock()
+        s.generate(1, stream=names[0])
+        out["prefill"] = (len(s.tokens(names[0])), clock() - t0)
+        with step_probe(s.engine.runner, clock, None) as samples:
+            s.generate(steps + 1, stream=names[0])
+        out["steps"][c] = [dt for n, dt in samples if n == 1]
+        if c == contexts[0]:
+            out["ids"] = s.tokens(names[0])[-(steps + 2):]
+        if len(names) > 1:
+            s.generate(1, stream=names[1:])
+            with step_probe(s.engine.runner, clock, None) as batched:
+                s.generate(steps + 1, stream=names)
+            out["batched"] = [dt for n, dt in batched if n == BATCH]
+        for name in names:
+            s.drop_stream(name)
+    return out
+
+
+def deviation(model: str, tokenizer: str | None, prompt: Prompt, n_tokens: int = DEVIATION_TOKENS) -> dict[str, Any]:
+    """int4 logits against the dequantized model's over every position of one prompt."""
+    deq, info = load_model(model, own_tokenizer=tokenizer is None)
+    q4, _ = load_model(model, own_tokenizer=False, linears="int4")
+    from ...tokenize import load_reference
+    tok = load_reference(tokenizer or info.tokenizer_path, prefetch=False)
+    ids = torch.tensor([tok.encode(prompt(tok, n_tokens, 3))[:n_tokens]])
+    want, got = _logits(deq, ids), _logits(q4, ids)
+    dev = (got - want).abs()
+    return {"prompt_tokens": ids.shape[1], "max_abs_logit_dev": dev.max().item(),
+            "mean_abs_logit_dev": dev.mean().item(),
+            "max_dev_over_max_logit": dev.max().item() / want.abs().max().item(),
+            "argmax_agree_pct": 100.0 * (got.argmax(-1) == want.argmax(-1)).float().mean().item()}
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    T = ids.shape[1]
+    pool = KVPool(model.cfg, pool_bytes=model.cfg.kv_bytes_per_token * 4 * (T + 16), block_size=16,
+                  dtype=torch.float32, device="cpu")
+    table = BlockTable(pool)
+    table.ensure_capacity(T)
+    model.prepare_rope(T)
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(T).view(1, -1), torch.tensor(table.slots(0, T)),
+                       torch.tensor([table.blocks]), pool.tensor)
+        return model.lm_head(hidden[0]).float()                          # (T, V)
+
+
+def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
+            show: bool = True) -> dict[str, Any]:
+    """Rows per (linears, threads) and the deviation; {"skipped": why} when int4 cannot load."""
+    contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
+    steps = opts.steps or (QUICK_STEPS if opts.quick else STEPS)
+    steps = min(steps, QUICK_STEPS if opts.quick else STEPS)
+    reps = QUICK_REPS if opts.quick else REPS
+    try:
+        dev = deviation(opts.model, tokenizer, prompt)
+    except ModelLoadError as exc:
+        return {"skipped": str(exc)}
+    cells = [(lin, t) for lin in LINEARS for t in THREADS if t <= (os.cpu_count() or 1)]
+    got: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in cells}
+    before = torch.get_num_threads()   # process-wide: give it back afterwards
+    bar = progress(len(cells) * (reps + 1), "linears x threads", show, unit="rep")
+    try:
+        with tempfile.TemporaryDirectory(prefix="capsule-bench-linears-") as tmp:
+            sessions = {(lin, t): Session.open(Path(tmp) / f"{lin}-{t}", model=opts.model, tokenizer=tokenizer,
+                                               device="cpu", runtime={"threads": t, "linears": lin,
+                                                                      "kv_pool_mb": 256})
+                        for lin, t in cells}
+            try:
+                for r in range(-1, reps):      # rep -1: the untimed warm-up
+                    for c, s in sessions.items():
+                        torch.set_num_threads(c[1])
+                        cell = _cell(s, r, contexts, steps, prompt)
+                        if r >= 0:
+                            got[c].append(cell)
+                        bar.update(1)
+            finally:
+                for s in sessions.values():
+                    s.close()
+    finally:
+        torch.set_num_threads(before)
+        bar.close()
+    return {"rows": _rows(got, contexts), "deviation": dev, "cores": os.cpu_count(),
+            "load_average_1m": _load(), "reps": reps, "steps": steps}
+
+
+def _rows(got: dict[tuple[str, int], list[dict[str, Any]]], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+    def ms(v: list[float], per: int = 1) -> float | None:
+        return percentile(v, 50) * 1e3 / per if v else None
+    rows = []
+    for (lin, t), cells in got.items():
+        base = got[("dequantized", t)][0]["ids"]
+        row: dict[str, Any] = {"linears": lin, "threads": t,
+                               "prefill_tokens": cells[0]["prefill"][0],
+                               "prefill_tokens_per_s": cells[0]["prefill"][0]
+                               / statistics.median(c["prefill"][1] for c in cells)}
+        for c in contexts:
+            row[f"b1_ms_ctx{c}"] = ms([dt for cell in cells for dt in cell["steps"][c]])
+        b1 = row[f"b1_ms_ctx{contexts[-1]}"]
+        b4 = ms([dt for cell in cells for dt in cell.get("batched", [])], BATCH)
+        row[f"b{BATCH}_ms_per_token_ctx{contexts[-1]}"] = b4
+        row[f"b{BATCH}_vs_b1"] = b4 / b1 if b4 and b1 else None
+        ids = cells[0]["ids"]
+        row["greedy_tokens"] = len(ids)
+        row["greedy_same_as_dequantized"] = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b),
+                                                 len(ids))
+        rows.append(row)
+    return rows
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def report(opts: BenchOptions, results: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
+           device: torch.device, prompt: Prompt) -> None:
+    """The decode suite's hook: on CPU, int4 vs dequantized weights into results and tables."""
+    if device.type != "cpu":
+        return
+    results["linears"] = m = measure(opts, prompt, show=opts.progress)
+    if "skipped" in m:
+        return
+    load = m["load_average_1m"]
+    tables[f"weights: dequantized vs int4 ({m['cores']} cores, load average "
+           f"{'n/a' if load is None else f'{load:.2f}'} at the start)"] = m["rows"]
+    tables["int4 logits vs the dequantized model's"] = [m["deviation"]]
