@@ -151,7 +151,7 @@ def test_the_decode_suites_weights_table(session_gguf):
     from capsule.tools.bench import BenchOptions
     from capsule.tools.bench.decode import robot_prompt
     from capsule.tools.bench.decode_linears import measure
-    m = measure(BenchOptions(model=str(session_gguf), quick=True, steps=3), robot_prompt, TOKENIZER, show=False)
+    m = measure(BenchOptions(model=str(session_gguf), device="cpu", quick=True, steps=3), robot_prompt, TOKENIZER, show=False)
     rows = {(r["linears"], r["threads"]): r for r in m["rows"]}
     assert {lin for lin, _ in rows} == {"dequantized", "int4"} and {t for _, t in rows} >= {1}
     for r in rows.values():
@@ -160,4 +160,4 @@ def test_the_decode_suites_weights_table(session_gguf):
     assert rows[("dequantized", 1)]["greedy_same_as_dequantized"] == 5
     d = m["deviation"]
     assert d["prompt_tokens"] == 256 and 0 < d["max_abs_logit_dev"] and d["max_dev_over_max_logit"] < 0.05
-    assert "skipped" in measure(BenchOptions(model="builtin:tiny", quick=True), robot_prompt, TOKENIZER, show=False)
+    assert "skipped" in measure(BenchOptions(model="builtin:tiny", device="cpu", quick=True), robot_prompt, TOKENIZER, show=False)
