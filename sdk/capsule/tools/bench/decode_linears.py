@@ -30,6 +30,7 @@ BATCH = 4
 STEPS, QUICK_STEPS = 24, 6
 REPS, QUICK_REPS = 2, 1
 DEVIATION_TOKENS = 256
+KV_POOL_MB = 512                 # 4 streams of 2,048 tokens of a 135M model: ~380 MB of fp32 K/V
 Prompt = Callable[[Any, int, int], str]
 
 
@@ -107,7 +108,7 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
         with tempfile.TemporaryDirectory(prefix="capsule-bench-linears-") as tmp:
             sessions = {(lin, t): Session.open(Path(tmp) / f"{lin}-{t}", model=opts.model, tokenizer=tokenizer,
                                                device="cpu", runtime={"threads": t, "linears": lin,
-                                                                      "kv_pool_mb": 256})
+                                                                      "kv_pool_mb": KV_POOL_MB})
                         for lin, t in cells}
             try:
                 for r in range(-1, reps):      # rep -1: the untimed warm-up
