@@ -1,9 +1,9 @@
 """runtime.linears='int4': a GGUF's Q4_0 / Q4_1 weights kept 4-bit (capsule.llm.int4_linear).
 
 The codes and scales read from the blocks are gguf's own dequantization exactly; the kernel's
-products are those weights' up to bf16 rounding; a model loads int4 only where it can, its
-logits stay near the dequantized model's (and differ: the int4 path ran); a Session continues
-bit-exactly across a restore, and a capsule is bound to the setting it was taken with."""
+products are those weights' up to bf16 rounding (the logits' head: fp16); a model loads int4
+only where it can, its logits stay near the dequantized model's (and differ: the int4 path ran);
+a Session continues bit-exactly across a restore, and a capsule is bound to the setting it was taken with."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,6 +78,9 @@ def test_int4_logits_stay_near_the_dequantized_models(kind, tmp_path):
         pairs = list(zip(lin_d.qkv(h), lin_q.qkv(h))) + [(lin_d.mlp(h), lin_q.mlp(h)), (lin_d.o(h), lin_q.o(h))]
         for want, got in pairs:
             assert (got - want).abs().max().item() < 0.02 * want.abs().max().item()
+    hn = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    want, got = deq.lm_head(hn), q4.lm_head(hn)       # fp16 head over lm_head.weight (untied here)
+    assert got.dtype == torch.float32 and 0 < (got - want).abs().max().item() < 2e-3 * want.abs().max().item()
     ids = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(3))
     want, got = logits(deq, ids), logits(q4, ids)
     dev = (got - want).abs().max().item()

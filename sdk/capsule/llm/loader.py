@@ -95,7 +95,8 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                                  f"{src} is no GGUF file (load a Q4_0 / Q4_1 GGUF, or use "
                                  "runtime.linears='dequantized')")
         layers, n = gguf_weights.int4_linears(header, cfg, [lw.dense() for lw in decoder.layers])
-        decoder.use_linears(layers, "int4")
+        from .int4_linear import HalfHead
+        decoder.use_linears(layers, "int4", head=HalfHead(decoder.head_weight()))
         info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)")
     return decoder, info
 

@@ -5,7 +5,7 @@ The model holds no cache of its own: K/V live in the pool passed to `forward`.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +82,7 @@ class Decoder(nn.Module):
         # what forward multiplies by: dense views of those weights unless use_linears swaps them
         self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
         self.linears_kind = "dequantized"
+        self.head: Callable[[torch.Tensor], torch.Tensor] | None = None   # use_linears; None: dense
         self.scale = cfg.head_dim ** -0.5
         self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
@@ -113,16 +114,21 @@ class Decoder(nn.Module):
             raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {kind!r}")
         self.decode_attention = kind
 
-    def use_linears(self, linears: Sequence[LayerLinears], kind: str) -> None:
-        """Multiply by `linears` (one per layer, e.g. int4_linear.int4_layers') from now on;
-        `kind` names them (runtime.linears). Before any graph is captured."""
+    def use_linears(self, linears: Sequence[LayerLinears], kind: str,
+                    head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Multiply by `linears` (one per layer, e.g. int4_linear.int4_layers') from now on, and
+        by `head` for the logits when given; `kind` names them (runtime.linears). Before any
+        graph is captured."""
         if len(linears) != self.cfg.num_layers:
             raise ValueError(f"need one LayerLinears per layer ({self.cfg.num_layers}), got {len(linears)}")
-        self.linears, self.linears_kind = list(linears), kind
+        self.linears, self.linears_kind, self.head = list(linears), kind, head
+
+    def head_weight(self) -> torch.Tensor:
+        """The (V, D) matrix the logits multiply by: the embeddings when tied."""
+        return self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        w = self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
-        return F.linear(h, w)
+        return F.linear(h, self.head_weight()) if self.head is None else self.head(h)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
