@@ -9,20 +9,19 @@ It is the one copy of a stream's canonical text and ids: read them with ``text_s
 """
 from __future__ import annotations
 
-import itertools
 import os
 import unicodedata
 import weakref
 from array import array
-from bisect import bisect_right
 from typing import Any, Mapping
 
 from . import incremental_state as state
+from .frozen import Frozen, freeze_index
 from .long_piece import LONG_MIN, Encoded, LongPieces
 from .reference import load_reference
 from .rules import rules_for
 from .shadow import ShadowVerifier
-from .splice import Admit, Splice, SpliceRule, common, gather
+from .splice import Admit, Splice, SpliceRule, common
 
 TAIL_KEEP = 8192      # chars of boundary state kept behind the end (older text is frozen)
 FREEZE_AT = 32768     # a tail this long is cut back towards TAIL_KEEP
@@ -73,13 +72,8 @@ class IncrementalTokenizer:
             tok.full_reason = "shadow verifier mismatch"
 
     def _clear(self) -> None:
-        self._chunks: list[str] = []
-        self._chunk_ids: list[array] = []
-        self._cpos: list[int] = []  # where each frozen chunk starts: char offset, token count
-        self._ccnt: list[int] = []
+        self._frozen = Frozen()     # the text and ids before the tail
         self._unchecked = False     # a restored tail not yet checked against the reference
-        self._before = ""           # the char before the tail ("" at the start of the text)
-        self._base = self._base_n = 0
         self._tail = ""
         self._tids: list[int] = []
         self._bpos, self._bcnt = [0], [0]
@@ -119,21 +113,19 @@ class IncrementalTokenizer:
 
     @property
     def num_tokens(self) -> int:
-        return self._base_n + len(self._tids)
+        return self._frozen.tokens + len(self._tids)
 
     @property
     def num_chars(self) -> int:
-        return self._base + len(self._tail)
+        return self._frozen.chars + len(self._tail)
 
     def text_slice(self, lo: int, hi: int | None = None) -> str:
         """``text[lo:hi]`` (0 <= lo), costing what it returns (and a bisect)."""
-        return "".join(gather(self._cpos, self._chunks, self._tail, self._base, lo,
-                               self.num_chars if hi is None else hi))
+        return self._frozen.text_slice(self._tail, lo, self.num_chars if hi is None else hi)
 
     def ids_slice(self, lo: int, hi: int | None = None) -> list[int]:
         """``ids[lo:hi]`` (0 <= lo), costing what it returns (and a bisect)."""
-        return list(itertools.chain(*gather(self._ccnt, self._chunk_ids, self._tids, self._base_n,
-                                             lo, self.num_tokens if hi is None else hi)))
+        return self._frozen.ids_slice(self._tids, lo, self.num_tokens if hi is None else hi)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -155,11 +147,11 @@ class IncrementalTokenizer:
         if not isinstance(text, str):
             raise TypeError(f"append() takes a str, not {type(text).__name__}")
         self._stats["appends"] += 1
-        return self._edit(self._base + len(self._tail), text, admit)
+        return self._edit(self.num_chars, text, admit)
 
     def replace_tail(self, n_chars: int, text: str) -> Splice:
         """Replace the last ``n_chars`` characters of ``self.text`` with ``text``."""
-        n = self._base + len(self._tail)
+        n = self.num_chars
         if isinstance(n_chars, bool) or not isinstance(n_chars, int) or not 0 <= n_chars <= n:
             raise ValueError(f"n_chars must be an int in [0, {n}], not {n_chars!r}")
         if not isinstance(text, str):
@@ -175,7 +167,7 @@ class IncrementalTokenizer:
     def _edit(self, m0: int, new: str, admit: Admit = None) -> Splice:
         if self._unchecked and not self._settle():
             return self._rebuild(self.text_slice(0, m0) + new, admit=admit)
-        base, tail, r = self._base, self._tail, self._rules
+        base, tail, r = self._frozen.chars, self._tail, self._rules
         if self._full_mode or m0 < base or r is None:
             return self._rebuild(self.text_slice(0, m0) + new, admit=admit)
         rel = m0 - base
@@ -194,7 +186,7 @@ class IncrementalTokenizer:
             if admit is not None:
                 admit(self.num_tokens)
             return Splice(self.num_tokens, [])   # nothing changed (an empty append)
-        i, widened = self._rule.choose(t, m, self._bpos, base, self._before, self._last_id)
+        i, widened = self._rule.choose(t, m, self._bpos, base, self._frozen.before, self._last_id)
         self._stats["widenings"] += widened
         if i is None:
             return self._rebuild(self.text_slice(0, base) + t, admit=admit)
@@ -206,8 +198,8 @@ class IncrementalTokenizer:
         if full:
             self._stats["fallbacks"] += 1   # no later boundary qualified: a full encode
         if self._shadow.sample():
-            self._shadow.submit((*self._chunks, self._tail),
-                                (*self._chunk_ids, array("I", self._tids)), base + m)
+            self._shadow.submit((*self._frozen.chunks, self._tail),
+                                (*self._frozen.chunk_ids, array("I", self._tids)), base + m)
         return sp
 
     def _window(self, t: str, a: int, cnt_a: int, i: int, admit: Admit) -> Splice:
@@ -216,20 +208,21 @@ class IncrementalTokenizer:
         ids_w = self._ref.encode(w)
         if admit is not None:
             admit(cnt_a + len(ids_w))           # before any change: a refusal leaves no trace
-        new_b, failed = self._rule.scan(w, ids_w, self._base + a, cnt_a)
+        start = self._frozen.chars + a
+        new_b, failed = self._rule.scan(w, ids_w, start, cnt_a)
         self._stats["check_failures"] += failed
         if self._long is not None:
-            self._long.forget_from(self._base + a)
-        return self._apply(t, i, cnt_a, ids_w, new_b, self._base + a, len(w))
+            self._long.forget_from(start)
+        return self._apply(t, i, cnt_a, ids_w, new_b, start, len(w))
 
     def _long_window(self, t: str, a: int, m: int, i: int, admit: Admit) -> Splice | None:
         """The window t[a:] through LongPieces when it holds one long piece; None otherwise."""
         if self._long is None:
             self._long = LongPieces(self._ref, self._rule.scanner)
-        base = self._base
+        base = self._frozen.chars
         w = t[a:]
         enc: Encoded | None = self._long.encode(w, base + a, self._bcnt[i], self._tids,
-                                                self._base_n)
+                                                self._frozen.tokens)
         if enc is None:
             return None
         if admit is not None:
@@ -250,7 +243,7 @@ class IncrementalTokenizer:
         char that changed; ``redone``: chars encoded afresh (stats). The returned splice keeps
         the old ids that ``ids`` starts with too."""
         old = self._tids
-        rel = keep - self._base_n
+        rel = keep - self._frozen.tokens
         extra = common(old[rel:], ids) if len(old) > rel else 0
         keep, ids = keep + extra, ids[extra:]
         del old[rel + extra:]
@@ -298,7 +291,7 @@ class IncrementalTokenizer:
         return True
 
     def _scan_tail(self) -> None:
-        new_b, failed = self._rule.scan(self._tail, self._tids, self._base, self._base_n)
+        new_b, failed = self._rule.scan(self._tail, self._tids, self._frozen.chars, self._frozen.tokens)
         self._stats["check_failures"] += failed
         for pos, cnt in new_b:
             self._bpos.append(pos)
@@ -306,39 +299,32 @@ class IncrementalTokenizer:
 
     def _last_id(self, i: int) -> int:
         """The id of the token that ends at boundary i, -1 where it is frozen."""
-        k = self._bcnt[i] - self._base_n
+        k = self._bcnt[i] - self._frozen.tokens
         return self._tids[k - 1] if k > 0 else -1
 
     def _freeze(self) -> None:
+        """Move the tail's text and ids before a boundary into the frozen chunks once the tail
+        is over FREEZE_AT chars (see ``freeze_index``)."""
         if len(self._tail) <= FREEZE_AT:
             return
-        bpos, end = self._bpos, self._base + len(self._tail)
-        j = bisect_right(bpos, end - TAIL_KEEP) - 1
-        while j + 1 < len(bpos) and end - bpos[j] > FREEZE_AT:
-            j += 1
-        if j > 0:   # only at a boundary an append may start from: freezing at one choose()
-            # rejects (the start of a long space run) would make every later append a rebuild
-            ok, _ = self._rule.choose(self._tail, len(self._tail), bpos, self._base, self._before,
-                                      self._last_id)
-            j = min(j, -1 if ok is None else ok)
+        fz, bpos = self._frozen, self._bpos
+        j = freeze_index(bpos, self.num_chars, TAIL_KEEP, FREEZE_AT,
+                         lambda: self._rule.choose(self._tail, len(self._tail), bpos, fz.chars,
+                                                   fz.before, self._last_id)[0])
         if j <= 0:
             return
-        cut, ncut = bpos[j] - self._base, self._bcnt[j] - self._base_n
-        self._cpos.append(self._base)
-        self._ccnt.append(self._base_n)
-        self._chunks.append(self._tail[:cut])
-        self._chunk_ids.append(array("I", self._tids[:ncut]))
-        self._before = self._tail[cut - 1]
+        cut, ncut = bpos[j] - fz.chars, self._bcnt[j] - fz.tokens
+        fz.push(self._tail[:cut], self._tids[:ncut])
         self._tail = self._tail[cut:]
         del self._tids[:ncut]
-        self._base, self._base_n = bpos[j], self._bcnt[j]
         del bpos[:j], self._bcnt[:j]
 
     def state_dict(self) -> tuple[dict, dict[str, bytes]]:
         """(JSON-able meta, named byte blobs): everything ``from_state`` needs; no pickle. The
         text and ids go out as chunks (incremental_state): only those an edit reached since
         the last call are serialized again."""
-        meta = state.meta(self._ref, self.num_chars, self.num_tokens, (self._base, self._base_n),
+        meta = state.meta(self._ref, self.num_chars, self.num_tokens,
+                          (self._frozen.chars, self._frozen.tokens),
                           self._full_mode, self._shadow.rate, self._stats)
         return meta, state.chunk_blobs(self.text_slice, self.ids_slice, self.num_chars,
                                        self.num_tokens, self._capsule)
@@ -363,9 +349,8 @@ class IncrementalTokenizer:
         tok._stats.update(saved.stats)
         b0, c0 = (0, 0) if saved.full_mode or tok._full_mode else saved.base
         if b0:   # one frozen chunk before the tail's first boundary
-            tok._chunks, tok._chunk_ids, tok._cpos, tok._ccnt = [text[:b0]], [ids[:c0]], [0], [0]
-            tok._before = text[b0 - 1]
-        tok._base, tok._base_n, tok._tail, tok._tids = b0, c0, text[b0:], ids[c0:].tolist()
+            tok._frozen.push(text[:b0], ids[:c0])
+        tok._tail, tok._tids = text[b0:], ids[c0:].tolist()
         tok._bpos, tok._bcnt, tok._capsule = [b0], [c0], saved.cache
         if saved.full_mode:
             tok._full_mode, tok.full_reason = True, "restored in full mode"
