@@ -40,3 +40,30 @@ def test_unknown_names_raise_attribute_error():
         capsule.tokenize.run_diff  # noqa: B018
     from capsule.tokenize import run_differential
     assert callable(run_differential) and capsule.Session.__name__ == "Session"
+
+
+GC_PROBE = r"""
+import gc, json, sys
+import capsule
+sys.modules["capsule.control"] = None      # makes `from capsule import ControlLoop` fail
+states = []
+for enabled in (True, False):
+    (gc.enable if enabled else gc.disable)()
+    try:
+        capsule.ControlLoop
+    except ImportError:
+        pass
+    states.append(gc.isenabled())
+gc.enable()
+from capsule import Session
+states.append(gc.isenabled())
+print(json.dumps(states))
+"""
+
+
+def test_lazy_imports_give_the_callers_gc_state_back():
+    """The lazy import pauses the cyclic GC (a cold restore's imports) and restores it as found,
+    on a failed import too."""
+    out = subprocess.run([sys.executable, "-c", GC_PROBE], capture_output=True, text=True, timeout=300,
+                         check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False, True]
