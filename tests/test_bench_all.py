@@ -15,7 +15,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_suite_lists_parse_in_order_and_refuse_unknown_names():
-    assert run_all.parse_suites(None) == list(run_all.ORDER) == run_all.parse_suites("")
+    every = [n for n in run_all.ORDER if n not in run_all.OPT_IN]
+    assert run_all.parse_suites(None) == every == run_all.parse_suites("")
+    assert "peers" in run_all.OPT_IN and "peers" not in every   # builds llama.cpp: only when named
+    assert run_all.parse_suites("peers") == ["peers"]
     assert run_all.parse_suites("control, tokenize") == ["control", "tokenize"]
     for bad in ("nope", "decode,decode", ","):
         with pytest.raises(ValueError, match="distinct names from: decode, capsules"):

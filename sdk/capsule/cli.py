@@ -169,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", parents=[common], help="run benchmark suites (all of them by default)")
     bench.add_argument("--suite", default=None, metavar="NAME,...",
                        help="suites to run, comma-separated, from: decode, capsules, tokenize, tokenize-diff, tokenize-tails, "
-                            "tokenize-bpe, memory, control, fleet, reliability (default: every suite, one "
-                            "report with plots)")
+                            "tokenize-bpe, memory, control, fleet, reliability (default: all these, one "
+                            "report with plots), peers (capsule vs llama.cpp; only when named: its "
+                            "first run builds llama.cpp)")
     bench.add_argument("--model", default="builtin:small", help="builtin:<preset> or a checkpoint folder")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda or a device profile name / YAML")
     bench.add_argument("--out", default=None,

@@ -69,7 +69,7 @@ SUITES: Mapping[str, Suite] = MappingProxyType({
     "tokenize-diff": _lazy("tokenize_diff"), "tokenize-bpe": _lazy("tokenize_bpe"),
     "tokenize-tails": _lazy("tokenize_tails"),
     "memory": _lazy("memory"), "control": _lazy("control"), "fleet": _lazy("fleet"),
-    "reliability": _lazy("reliability")})
+    "reliability": _lazy("reliability"), "peers": _lazy("peers")})
 
 
 SECTIONED = frozenset({"memory"})   # suites whose run honours BenchOptions.only

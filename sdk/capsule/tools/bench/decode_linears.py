@@ -91,7 +91,8 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
             show: bool = True) -> dict[str, Any]:
-    """Rows per (linears, threads) and the deviation; {"skipped": why} when int4 cannot load."""
+    """Rows per (linears, threads), the deviation, and each cell's greedy ids at the first context
+    ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot load."""
     contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
     steps = opts.steps or (QUICK_STEPS if opts.quick else STEPS)
     steps = min(steps, QUICK_STEPS if opts.quick else STEPS)
@@ -125,6 +126,7 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
         torch.set_num_threads(before)
         bar.close()
     return {"rows": _rows(got, contexts), "deviation": dev, "cores": os.cpu_count(),
+            "greedy": {f"{lin}/{t}": cells[0]["ids"] for (lin, t), cells in got.items()},
             "load_average_1m": _load(), "reps": reps, "steps": steps}
 
 

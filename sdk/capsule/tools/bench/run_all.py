@@ -24,7 +24,9 @@ from .plots import PLOTS, draw_plots
 from .report import format_table, machine_info
 
 ORDER = ("decode", "capsules", "tokenize", "tokenize-diff", "tokenize-bpe", "tokenize-tails", "memory", "control", "fleet",
-         "reliability")
+         "reliability", "peers")
+# run only when named: peers builds llama.cpp from source on its first run (tens of minutes)
+OPT_IN = frozenset({"peers"})
 # --quick over several suites must end in ~3 minutes on a 2-core CPU: the memory suite then runs
 # these sections only (its accuracy and deviation sections alone take a minute), and the
 # reliability campaign this many store SIGKILLs (its other sizes scale with it) unless --steps
@@ -42,10 +44,10 @@ class AllRun:
 
 
 def parse_suites(text: str | None) -> list[str]:
-    """"a,b" -> ["a", "b"] (in the order given); None or "" -> every suite; ValueError naming the
-    unknown ones and the choices."""
+    """"a,b" -> ["a", "b"] (in the order given); None or "" -> every suite but the OPT_IN ones;
+    ValueError naming the unknown ones and the choices."""
     if not text:
-        return list(ORDER)
+        return [n for n in ORDER if n not in OPT_IN]
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in SUITES]
     if bad or not names or len(set(names)) != len(names):

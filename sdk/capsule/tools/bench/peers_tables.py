@@ -1,0 +1,118 @@
+"""The peers suite's settings and tables, from the numbers ``peers.run`` gathered."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from . import BenchOptions, decode_linears, peers_env
+
+NAMES = {"dequantized": "dequantized fp32", "int4": "int4 (the Q4_1 codes)", "F32": "F32 copy", "Q4_1": "Q4_1"}
+PAIRS = (("dequantized", "F32"), ("int4", "Q4_1"))      # capsule's linears vs llama.cpp's weights
+
+
+def settings(opts: BenchOptions, contexts: tuple[int, ...], steps: int, reps: int, restore_reps: int,
+             gguf: Path) -> dict[str, Any]:
+    return {"model": opts.model, "gguf": gguf.name, "contexts": list(contexts), "decode_steps": steps,
+            "reps": reps, "restore_reps": restore_reps, "threads": list(decode_linears.THREADS),
+            "peer": f"llama-cpp-python {peers_env.VERSION} (CMAKE_ARGS {peers_env.CMAKE_ARGS})",
+            "f32": "llama.cpp's F32 GGUF: every tensor of the same GGUF dequantized by gguf-py",
+            "timing": "decode: p50 of every step of every rep, cells interleaved rep by rep; restore: "
+                      "medians, each run a fresh process timed from spawn", "quick": opts.quick}
+
+
+def _ms(values: list[float]) -> float | None:
+    return statistics.median(values) * 1e3 if values else None
+
+
+def _lead(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _decode_rows(res: dict[str, Any], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+    ours = {(r["linears"], r["threads"]): r for r in res["capsule_decode"].get("rows", [])}
+    peer = res.get("llama_decode", {})
+    rows = []
+    for lin, w in PAIRS:
+        for t in decode_linears.THREADS:
+            cap, cells = ours.get((lin, t)), peer.get(f"{w}/{t}")
+            if cap is None:
+                continue
+            theirs = {c: _ms([dt for cell in cells for dt in cell[str(c)]["steps_s"]]) if cells else None
+                      for c in contexts}
+            for c in contexts:
+                mine = cap[f"b1_ms_ctx{c}"]
+                rows.append({"weights": f"{NAMES[lin]} / {NAMES[w]}", "threads": t, "context": c,
+                             "capsule_ms": mine, "llama_cpp_ms": theirs[c],
+                             "capsule_vs_llama_cpp": mine / theirs[c] if mine and theirs[c] else None})
+    return rows
+
+
+def _greedy_rows(res: dict[str, Any], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+    rows = []
+    for lin, w in PAIRS:
+        for t in decode_linears.THREADS:
+            mine = res["capsule_decode"].get("greedy", {}).get(f"{lin}/{t}")
+            cells = res.get("llama_decode", {}).get(f"{w}/{t}")
+            if not mine or not cells:
+                continue
+            theirs = cells[0][str(contexts[0])]["greedy"]
+            rows.append({"weights": f"{NAMES[lin]} / {NAMES[w]}", "threads": t, "context": contexts[0],
+                         "tokens": min(len(mine), len(theirs)), "equal_leading_tokens": _lead(mine, theirs)})
+    return rows
+
+
+def _restore_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for lin, w in PAIRS:
+        c = res["capsule_restore"].get(lin)
+        if c is not None:
+            rows.append({"who": f"capsule, {NAMES[lin]}", "interpreter_ms": c["restore_interpreter_s"] * 1e3,
+                         "imports_ms": c["restore_import_s"] * 1e3, "open_or_load_ms": c["restore_open_s"] * 1e3,
+                         "of_which_state_ms": c["restore_in_open_s"] * 1e3,
+                         "first_token_ms": c["restore_first_token_s"] * 1e3,
+                         "spawn_to_token_ms": c["restore_process_s"] * 1e3, "state_bytes": c["restore_bytes"]})
+        p = res.get("llama_restore", {}).get(w)
+        if p is not None:
+            rows.append({"who": f"llama.cpp, {NAMES[w]}", "interpreter_ms": p["interpreter_s"] * 1e3,
+                         "imports_ms": p["import_s"] * 1e3,
+                         "open_or_load_ms": (p["model_load_s"] + p["state_load_s"]) * 1e3,
+                         "of_which_state_ms": p["state_load_s"] * 1e3, "first_token_ms": p["first_token_s"] * 1e3,
+                         "spawn_to_token_ms": p["process_s"] * 1e3, "state_bytes": p["state_bytes"]})
+    return rows
+
+
+def _targets(decode: list[dict[str, Any]], restore: list[dict[str, Any]], res: dict[str, Any],
+             contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+    out = []
+    for r in decode:
+        if r["llama_cpp_ms"] is not None:
+            out.append({"target": f"decode {r['weights']}, {r['threads']} thread(s), ctx {r['context']}: "
+                                  f"capsule <= llama.cpp", "capsule": r["capsule_ms"], "bound": r["llama_cpp_ms"],
+                        "met": r["capsule_ms"] <= r["llama_cpp_ms"]})
+    for r in res["capsule_decode"].get("rows", []):
+        ratio = r.get(f"b{decode_linears.BATCH}_vs_b1")
+        if ratio is not None:
+            out.append({"target": f"batch {decode_linears.BATCH} per token <= 0.4x batch 1 at "
+                                  f"{contexts[-1]} ({r['linears']}, {r['threads']} thread(s))",
+                        "capsule": ratio, "bound": 0.4, "met": ratio <= 0.4})
+    by = {r["who"]: r for r in restore}
+    for lin, w in PAIRS:
+        mine, theirs = by.get(f"capsule, {NAMES[lin]}"), by.get(f"llama.cpp, {NAMES[w]}")
+        if mine and theirs:
+            out.append({"target": f"restore -> first token from spawn, {NAMES[lin]} vs {NAMES[w]}",
+                        "capsule": mine["spawn_to_token_ms"], "bound": theirs["spawn_to_token_ms"],
+                        "met": mine["spawn_to_token_ms"] <= theirs["spawn_to_token_ms"]})
+    return out
+
+
+def tables(res: dict[str, Any], contexts: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
+    decode, restore = _decode_rows(res, contexts), _restore_rows(res)
+    out: dict[str, list[dict[str, Any]]] = {
+        "decode ms/token, batch 1 (p50)": decode,
+        "greedy ids, capsule vs llama.cpp (same prompt ids)": _greedy_rows(res, contexts),
+        "restore -> first token, fresh process, one thread": restore,
+        "targets (issue 19)": _targets(decode, restore, res, contexts)}
+    if res["peer"]["why"]:
+        out["llama.cpp unavailable"] = [{"why": res["peer"]["why"]}]
+    return out
