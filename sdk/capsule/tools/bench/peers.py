@@ -51,7 +51,8 @@ def _gguf(model: str) -> Path:
 
 def _peer(env: peers_env.PeerEnv, *args: str) -> dict[str, Any]:
     spawn = time.time()
-    proc = subprocess.run([str(env.python), str(CHILD), *args], capture_output=True, text=True,
+    # -I: no script directory on sys.path (this package's bench/tokenize.py would shadow the stdlib's)
+    proc = subprocess.run([str(env.python), "-I", str(CHILD), *args], capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp child {args[0]} exited {proc.returncode}:\n{proc.stderr[-2000:]}")

@@ -10,6 +10,7 @@ another interpreter). One mode per process; prints one JSON line.
 import time
 
 T_START = time.time()
+import ctypes  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
@@ -22,8 +23,12 @@ def _llama(job: dict):
 
 
 def _next(llm) -> int:
+    """Greedy id after the last eval: its logits read from the context (llama-cpp-python keeps no
+    copy without logits_all)."""
+    import llama_cpp
     import numpy as np
-    return int(np.argmax(llm.scores[llm.n_tokens - 1]))     # the logits of the last eval'd token
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+    return int(np.argmax(logits))
 
 
 def _decode(job: dict) -> dict:
@@ -60,15 +65,14 @@ def _save(job: dict) -> dict:
 
 def _restore(job: dict) -> dict:
     t_import = time.time()
-    llama_cpp, llm = None, None
-    import llama_cpp  # noqa: F811
+    import llama_cpp                      # timed: the import is part of a restore from spawn
     t_load = time.time()
-    llama_cpp, llm = _llama(job)
+    _, llm = _llama(job)
     t_state = time.time()
     ids = job["ids"]
     cap = len(ids) + 16
-    got, n = (llama_cpp.llama_token * cap)(), llama_cpp.c_size_t(0)
-    if not llama_cpp.llama_state_load_file(llm.ctx, job["state"].encode(), got, cap, llama_cpp.ctypes.byref(n)):
+    got, n = (llama_cpp.llama_token * cap)(), ctypes.c_size_t(0)
+    if not llama_cpp.llama_state_load_file(llm.ctx, job["state"].encode(), got, cap, ctypes.byref(n)):
         raise RuntimeError("llama_state_load_file failed")
     if list(got[:n.value]) != ids[:-1]:
         raise RuntimeError("the state file holds other tokens than the job's")

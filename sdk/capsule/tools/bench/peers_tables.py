@@ -16,7 +16,8 @@ def settings(opts: BenchOptions, contexts: tuple[int, ...], steps: int, reps: in
     return {"model": opts.model, "gguf": gguf.name, "contexts": list(contexts), "decode_steps": steps,
             "reps": reps, "restore_reps": restore_reps, "threads": list(decode_linears.THREADS),
             "peer": f"llama-cpp-python {peers_env.VERSION} (CMAKE_ARGS {peers_env.CMAKE_ARGS})",
-            "f32": "llama.cpp's F32 GGUF: every tensor of the same GGUF dequantized by gguf-py",
+            "f32": "llama.cpp's F32 GGUF: every tensor of the same GGUF dequantized by gguf.quants, as "
+                   "capsule's loader does (bit-identical weights)",
             "timing": "decode: p50 of every step of every rep, cells interleaved rep by rep; restore: "
                       "medians, each run a fresh process timed from spawn", "quick": opts.quick}
 
