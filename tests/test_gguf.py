@@ -275,6 +275,28 @@ def test_oversized_counts_are_refused_before_allocating(body, words, tmp_path):
         load_model(bad)
 
 
+def _string_array(*items: bytes, lengths: tuple[int, ...] = ()) -> bytes:
+    """A header body with one key holding an array of the given strings (lengths: override)."""
+    head = struct.pack("<QQ", 0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 8, len(items))
+    sizes = lengths or tuple(len(x) for x in items)
+    return head + b"".join(struct.pack("<Q", n) + x for n, x in zip(sizes, items))
+
+
+@pytest.mark.parametrize("body, words", [
+    (_string_array(b"ab", b"cd", lengths=(2, 2**30)), "exceeds the limit"),
+    (_string_array(b"ab", b"\xff\xfe"), "not valid UTF-8"),
+    (_string_array(b"ab", b"cd", lengths=(2, 500)), "more bytes"),
+])
+def test_a_bad_item_of_a_string_array_is_refused_with_its_reason(body, words, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + struct.pack("<I", 3) + body + b"\0" * 64)
+    with pytest.raises(ModelLoadError, match=words):
+        read_header(bad)
+    good = tmp_path / "good.gguf"
+    good.write_bytes(b"GGUF" + struct.pack("<I", 3) + _string_array(b"ab", "é✓".encode(), b""))
+    assert read_header(good).metadata == {"k": ["ab", "é✓", ""]}
+
+
 def test_random_header_damage_gives_only_typed_errors(tmp_path):
     path = _small(tmp_path)
     data = path.read_bytes()
