@@ -67,3 +67,17 @@ def test_lazy_imports_give_the_callers_gc_state_back():
     out = subprocess.run([sys.executable, "-c", GC_PROBE], capture_output=True, text=True, timeout=300,
                          check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False, True]
+
+
+def test_opening_an_existing_store_imports_no_sqlite_utils(tmp_path):
+    """sqlite-utils (click, pluggy, dateutil: ~50 ms) is for creating a store, not for a restore."""
+    make = ("import sys; from capsule import Session\n"
+            "Session.open(sys.argv[1], model='builtin:tiny', device='cpu').close()\n"
+            "print('sqlite_utils' in sys.modules)")
+    probe = make.replace("print(", "import capsule.store; print(")
+    first = subprocess.run([sys.executable, "-c", make, str(tmp_path / "s")], capture_output=True, text=True,
+                           timeout=300, check=True)
+    again = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "s")], capture_output=True, text=True,
+                           timeout=300, check=True)
+    assert first.stdout.split()[-1] == "True"      # creating the store used it
+    assert again.stdout.split()[-1] == "False"     # reopening it did not
