@@ -80,6 +80,14 @@ class Int4Matrix:
             .contiguous().to(torch.bfloat16)                                            # (K/32, N, 2)
 
     @classmethod
+    def from_packed(cls, packed: torch.Tensor, scales_zeros: torch.Tensor) -> "Int4Matrix":
+        """A matrix from what an earlier one held (``packed``, ``scales_zeros``: int4_cache)."""
+        self = cls.__new__(cls)
+        self.n_in, self.n_out = scales_zeros.shape[0] * GROUP, scales_zeros.shape[1]
+        self.packed, self.scales_zeros = packed, scales_zeros
+        return self
+
+    @classmethod
     def fused(cls, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> "Int4Matrix":
         """One matrix whose outputs are the parts' outputs, in order (q|k|v, gate|up)."""
         return cls(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
@@ -100,6 +108,10 @@ class Int4Linears:
         self.qkv_m, self.o_m, self.gate_up, self.down = qkv, o, gate_up, down
         self.widths, self.qkv_bias, self.o_bias = list(qkv_widths), qkv_bias, o_bias
         self.inter = gate_up.n_out // 2
+
+    def matrices(self) -> dict[str, Int4Matrix]:
+        """name (MATRICES) -> matrix: what int4_cache keeps."""
+        return {"qkv": self.qkv_m, "o": self.o_m, "gate_up": self.gate_up, "down": self.down}
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         y = self.qkv_m(h)                                                   # (B, T, (H + 2 KV) hd)
@@ -130,6 +142,18 @@ class HalfHead:
         return F.linear(h.to(torch.float16), self.weight).to(h.dtype)
 
 
+MATRICES = ("qkv", "o", "gate_up", "down")     # an Int4Linears' matrices, by name
+
+
+def int4_layer(cfg: ModelConfig, lin: DenseLinears, mats: Mapping[str, Int4Matrix]) -> "Int4Linears":
+    """One layer's Int4Linears from its matrices (MATRICES) and its dense linears' biases."""
+    bias = None
+    if lin.q_bias is not None:
+        bias = torch.cat([lin.q_bias, lin.k_bias, lin.v_bias])
+    widths = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+    return Int4Linears(mats["qkv"], mats["o"], mats["gate_up"], mats["down"], widths, bias, lin.o_bias)
+
+
 def int4_layers(cfg: ModelConfig, dense: Sequence[DenseLinears], raw: Mapping[str, np.ndarray],
                 types: Mapping[str, int], unpermute) -> tuple[list[LayerLinears], int]:
     """Each layer's linears: int4 where all seven projections are Q4_0 / Q4_1 with outputs a
@@ -154,11 +178,8 @@ def int4_layers(cfg: ModelConfig, dense: Sequence[DenseLinears], raw: Mapping[st
             if unpermute is not None and heads is not None:   # rows only: groups run along K
                 codes, d, m = (unpermute(a, heads) for a in (codes, d, m))
             parts[s] = (codes, d, m)
-        bias = None
-        if lin.q_bias is not None:
-            bias = torch.cat([lin.q_bias, lin.k_bias, lin.v_bias])
-        widths = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
-        out.append(Int4Linears(Int4Matrix.fused([parts[s] for s in QKV]), Int4Matrix(*parts[PROJECTIONS[3]]),
-                               Int4Matrix.fused([parts[s] for s in GATE_UP]), Int4Matrix(*parts[PROJECTIONS[6]]),
-                               widths, bias, lin.o_bias))
+        out.append(int4_layer(cfg, lin, {"qkv": Int4Matrix.fused([parts[s] for s in QKV]),
+                                         "o": Int4Matrix(*parts[PROJECTIONS[3]]),
+                                         "gate_up": Int4Matrix.fused([parts[s] for s in GATE_UP]),
+                                         "down": Int4Matrix(*parts[PROJECTIONS[6]])}))
     return out, sum(isinstance(x, Int4Linears) for x in out)

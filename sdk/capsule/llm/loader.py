@@ -94,9 +94,11 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
             raise ModelLoadError(f"runtime.linears='int4' keeps a GGUF's Q4_0 / Q4_1 weights quantized; "
                                  f"{src} is no GGUF file (load a Q4_0 / Q4_1 GGUF, or use "
                                  "runtime.linears='dequantized')")
-        layers, n = gguf_weights.int4_linears(header, cfg, [lw.dense() for lw in decoder.layers])
-        from .int4_linear import HalfHead
-        decoder.use_linears(layers, "int4", head=HalfHead(decoder.head_weight()))
+        from .int4_cache import int4_model
+        dense = [lw.dense() for lw in decoder.layers]
+        layers, n, head = int4_model(cfg, dense, decoder.head_weight(), info.weights_digest,
+                                     lambda: gguf_weights.int4_linears(header, cfg, dense))
+        decoder.use_linears(layers, "int4", head=head)
         info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)")
     return decoder, info
 

@@ -1,0 +1,104 @@
+"""A GGUF's int4 linears and fp16 head, packed once and mapped from the cache on later opens.
+
+Packing is the int4 open's extra cost (the codes unpacked from the GGUF blocks, repacked for
+torch's kernel, the head converted: ~0.3 s for SmolLM2, paid on every restore). The packed
+tensors go into one safetensors file keyed by the GGUF's sha256, torch's version (the packing
+is torch's own layout) and a fingerprint of this code; a later open maps it (no bytes read until
+used). An entry whose key, names, shapes or dtypes are not exactly what this model needs is
+ignored and written again; a cache that cannot be written only costs the packing next time.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import ModelLoadError
+from ..paths import cache_dir, write_private
+from . import int4_linear
+from .config import ModelConfig
+from .int4_linear import GROUP, MATRICES, HalfHead, Int4Linears, Int4Matrix, int4_layer
+from .linears import DenseLinears, LayerLinears
+from .safetensors_mmap import read_safetensors
+
+Packer = Callable[[], "tuple[list[LayerLinears], int]"]
+
+
+def _key(digest: str) -> dict[str, str]:
+    code = hashlib.sha256(Path(int4_linear.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()
+    return {"format": "capsule-int4-1", "gguf_sha256": digest, "torch": torch.__version__, "code": code}
+
+
+def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: torch.Tensor, digest: str,
+               pack: Packer) -> tuple[list[LayerLinears], int, HalfHead]:
+    """(linears per layer, how many are int4, the fp16 head): mapped from the cache entry of
+    `digest`, else built (``pack()``, HalfHead) and the entry written."""
+    path = cache_dir() / "gguf" / f"{digest}-int4.safetensors"
+    key = _key(digest)
+    cached = _load(path, key, cfg, dense, head_weight)
+    if cached is not None:
+        return cached
+    layers, n = pack()
+    head = HalfHead(head_weight)
+    tensors = {"head": head.weight}
+    for i, lin in enumerate(layers):
+        if isinstance(lin, Int4Linears):
+            for name, m in lin.matrices().items():
+                tensors[f"{i}.{name}.packed"], tensors[f"{i}.{name}.sz"] = m.packed, m.scales_zeros
+    try:
+        from safetensors.torch import save
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(path, save(tensors, metadata=key))
+    except OSError:
+        pass   # a read-only or full cache: the next open packs again
+    return layers, n, head
+
+
+def _load(path: Path, key: dict[str, str], cfg: ModelConfig, dense: Sequence[DenseLinears],
+          head_weight: torch.Tensor) -> tuple[list[LayerLinears], int, HalfHead] | None:
+    try:
+        if _metadata(path) != key:
+            return None
+        tensors = read_safetensors(path)
+    except (OSError, ValueError, struct.error, ModelLoadError):
+        return None
+    head = tensors.pop("head", None)
+    if head is None or head.dtype != torch.float16 or head.shape != head_weight.shape:
+        return None
+    layers: list[LayerLinears] = []
+    for i, lin in enumerate(dense):
+        found = {name: (tensors.pop(f"{i}.{name}.packed", None), tensors.pop(f"{i}.{name}.sz", None))
+                 for name in MATRICES}
+        if all(p is None and z is None for p, z in found.values()):
+            layers.append(lin)
+            continue
+        if not all(_plausible(p, z) for p, z in found.values()):
+            return None
+        layers.append(int4_layer(cfg, lin, {n: Int4Matrix.from_packed(p, z) for n, (p, z) in found.items()}))
+    if tensors:   # names this model has no place for
+        return None
+    return layers, sum(isinstance(x, Int4Linears) for x in layers), HalfHead(head)   # already fp16: mapped, not copied
+
+
+def _plausible(packed: torch.Tensor | None, sz: torch.Tensor | None) -> bool:
+    """Shapes and dtypes as Int4Matrix makes them: packed (N, K/2) uint8, sz (K/32, N, 2) bf16."""
+    if packed is None or sz is None or packed.dtype != torch.uint8 or sz.dtype != torch.bfloat16:
+        return False
+    if packed.dim() != 2 or sz.dim() != 3 or sz.shape[2] != 2:
+        return False
+    n, k = sz.shape[1], sz.shape[0] * GROUP
+    return tuple(packed.shape) == (n, k // 2) and n % 16 == 0
+
+
+def _metadata(path: Path) -> dict[str, str] | None:
+    """The entry's __metadata__, read without mapping it (a foreign entry costs nothing)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 1 << 26:
+            return None
+        meta = json.loads(f.read(n)).get("__metadata__")
+    return meta if isinstance(meta, dict) else None

@@ -1,0 +1,67 @@
+"""int4 linears are packed once per GGUF, torch version and code, then mapped from the cache:
+the same logits as a fresh packing, and any entry that is off is ignored and written again."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+import capsule.llm.gguf_weights as gguf_weights
+from capsule.llm import load_model
+from capsule.llm.int4_linear import Int4Linears, kernel_missing
+from capsule.paths import cache_dir
+from gguf_checkpoints import checkpoint_gguf, logits
+
+pytestmark = pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))
+
+
+@pytest.fixture
+def packs(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPSULE_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    real = gguf_weights.int4_linears
+    monkeypatch.setattr(gguf_weights, "int4_linears", lambda *a: calls.append(1) or real(*a))
+    # layer 1 keeps a Q8_0 projection: it stays dense, in the cache's layout too
+    path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q4_1",
+                              qtypes={"blk.0.attn_q.weight": "Q4_0", "blk.1.ffn_down.weight": "Q8_0"})
+    return path, calls
+
+
+def _entry() -> "os.PathLike":
+    (entry,) = (cache_dir() / "gguf").glob("*-int4.safetensors")
+    return entry
+
+
+def test_the_second_open_maps_what_the_first_packed(packs):
+    path, calls = packs
+    ids = torch.arange(3, 40).view(1, -1)
+    first, info = load_model(path, linears="int4")
+    want = logits(first, ids)
+    second, info2 = load_model(path, linears="int4")
+    assert len(calls) == 1 and info2.linears == info.linears == "int4 (1 of 2 layers)"
+    assert [isinstance(x, Int4Linears) for x in second.linears] == [True, False]
+    assert torch.equal(logits(second, ids), want)
+    assert stat.S_IMODE(os.stat(_entry()).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("harm", ["truncate", "flip-metadata", "torch-version", "garbage"])
+def test_an_entry_that_is_off_is_packed_again(packs, harm, monkeypatch):
+    path, calls = packs
+    ids = torch.arange(3, 40).view(1, -1)
+    want = logits(load_model(path, linears="int4")[0], ids)
+    entry = _entry()
+    data = entry.read_bytes()
+    if harm == "truncate":
+        entry.write_bytes(data[: len(data) // 2])
+    elif harm == "flip-metadata":                      # the key no longer matches
+        at = data.index(b"capsule-int4-")
+        entry.write_bytes(data[:at] + b"X" + data[at + 1:])
+    elif harm == "torch-version":                      # packed by another torch: its layout may differ
+        monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    else:
+        entry.write_bytes(b"\xff" * 64)
+    got = logits(load_model(path, linears="int4")[0], ids)
+    assert len(calls) == 2 and torch.equal(got, want)
+    assert logits(load_model(path, linears="int4")[0], ids).equal(want) and len(calls) == 2   # rewritten
