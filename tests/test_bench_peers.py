@@ -79,7 +79,7 @@ def test_without_the_peer_the_tables_keep_capsules_figures_and_say_why():
 
 def test_a_model_llama_cpp_cannot_read_is_refused_before_any_work(tmp_path):
     with pytest.raises(ModelLoadError, match="GGUF"):
-        run(BenchOptions(model=str(tmp_path), progress=False))
+        run(BenchOptions(model=str(tmp_path), device="cpu", progress=False))
     assert os.listdir(tmp_path) == []
 
 
