@@ -54,17 +54,11 @@ def default_splits(B: int, KV: int, max_keys: int, block_n: int, device: torch.d
     return max(1, min(math.ceil(max_keys / block_n), (2 * sms) // max(1, B * KV), 16))
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           slot_valid: torch.Tensor | None = None, *,
-                           num_splits: int | None = None, block_n: int = 64) -> torch.Tensor:
-    """Decode attention of one query per row over its live key slots.
-
-    q: (B, H, hd) or (B, 1, H, hd); k_cache, v_cache: (NB, bs, KV, hd), any strides, any float
-    dtype (cast to q's on read); block_tables: (B, nb) int32/int64; seq_lens: (B,) device int
-    tensor, live key slots per row (>= 1 for a finite result; 1 <= seq_lens <= nb * bs);
-    slot_valid: the pool's (NB, bs) bool mask of readable slots, or None. Returns q's shape.
-    """
+def decode_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                slot_valid: torch.Tensor | None) -> tuple[bool, torch.Tensor]:
+    """Checks a decode call's shapes and devices (ValueError saying which); returns (whether q
+    came as (B, 1, H, hd), q as (B, H, hd)). Shared by the Triton and the CPU kernel."""
     squeeze = q.dim() == 4
     if squeeze:
         if q.shape[1] != 1:
@@ -88,6 +82,24 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     for name, t in others.items():
         if t is not None and t.device != dev:
             raise ValueError(f"{name} is on {t.device}, q on {dev}: all on one device")
+    return squeeze, q
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           slot_valid: torch.Tensor | None = None, *,
+                           num_splits: int | None = None, block_n: int = 64) -> torch.Tensor:
+    """Decode attention of one query per row over its live key slots.
+
+    q: (B, H, hd) or (B, 1, H, hd); k_cache, v_cache: (NB, bs, KV, hd), any strides, any float
+    dtype (cast to q's on read); block_tables: (B, nb) int32/int64; seq_lens: (B,) device int
+    tensor, live key slots per row (>= 1 for a finite result; 1 <= seq_lens <= nb * bs);
+    slot_valid: the pool's (NB, bs) bool mask of readable slots, or None. Returns q's shape.
+    """
+    squeeze, q = decode_args(q, k_cache, v_cache, block_tables, seq_lens, slot_valid)
+    B, H, hd = q.shape
+    NB, bs, KV, _ = k_cache.shape
+    dev = q.device
     check_runnable(dev, "paged decode kernel")
     G = H // KV
     BLOCK_G, BLOCK_D, BLOCK_N = _pow2(G, 16), _pow2(hd, 16), _pow2(block_n, 16)  # tl.dot: >= 16

@@ -16,7 +16,9 @@ import torch
 
 import devices
 
-from .errors import ModelLoadError, StoreError, TokenizerError, VocabMismatch
+from edge_kernels.paged_decode_cpu import unsupported as decode_cpu_unsupported
+
+from .errors import EngineUnavailable, ModelLoadError, StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
 from .llm.engines import EngineOptions, select_llm_engine
@@ -160,6 +162,12 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
     decoder.set_decode_attention(rt.decode_attention)       # before the runner captures graphs
     pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
                   dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
+    if rt.decode_attention == "cpu":
+        why = decode_cpu_unsupported(pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads,
+                                     decoder.dtype)
+        if why:
+            raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
+                                    "use decode_attention='torch'")
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
                          use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda",

@@ -13,6 +13,7 @@ from torch import nn
 
 from devices.profile import DECODE_ATTENTION
 from edge_kernels.paged_decode import paged_decode_attention
+from edge_kernels.paged_decode_cpu import DecodePlan
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
@@ -22,8 +23,10 @@ from .rope import apply_rope, rope_tables
 
 
 # decode (T == 1) attention, DECODE_ATTENTION: "torch" gathers every block of the table
-# (paged_attention); "triton" reads only each row's live slots (edge_kernels.paged_decode).
+# (paged_attention); "triton" reads only each row's live slots (edge_kernels.paged_decode);
+# "cpu" does the same in C on a CPU fp32 pool (edge_kernels.paged_decode_cpu).
 # "torch" stays the default until a GPU run has checked the kernel (packaging/gpu_check.py).
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -130,6 +133,22 @@ class Decoder(nn.Module):
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.head_weight()) if self.head is None else self.head(h)
 
+    def _decode_kernel(self, positions: torch.Tensor, block_tables: torch.Tensor,
+                       kv_pool: torch.Tensor, slot_valid: torch.Tensor | None) -> DecodeKernel | None:
+        """The step's decode attention (q (B, H, hd), k_cache, v_cache) -> (B, 1, H, hd), its
+        rows set up once for every layer; None: the torch path (paged_attention)."""
+        B, H, hd = positions.shape[0], self.cfg.num_heads, self.cfg.head_dim
+        # seq_lens on the device, so a captured graph replays the Triton kernel unchanged
+        seq_lens = positions[:, 0] + 1                                             # (B,)
+        if self.decode_attention == "triton":
+            lens32 = seq_lens.to(torch.int32)
+            return lambda q, k, v: paged_decode_attention(q.view(B, 1, H, hd), k, v, block_tables,
+                                                          lens32, self.scale, slot_valid)
+        if self.decode_attention == "cpu":   # pool and dtype checked when the Session was built
+            plan = DecodePlan(block_tables, seq_lens, slot_valid, kv_pool.shape[0], kv_pool.shape[3])
+            return lambda q, k, v: plan(q.reshape(B, H, hd).contiguous(), k, v, self.scale).view(B, 1, H, hd)
+        return None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
                 slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
@@ -159,10 +178,10 @@ class Decoder(nn.Module):
                        + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
         # one query per row over a full table (graph decode): the kernel reads slots 0..position
         # of each row, minus the holes, with no mask; on the device, so a graph replays it as is
-        kernel = self.decode_attention == "triton" and T == 1 and block_pos is None and segments is None
-        seq_lens = (positions[:, 0] + 1).to(torch.int32) if kernel else None        # (B,)
+        kernel = (self._decode_kernel(positions, block_tables, kv_pool, slot_valid)
+                  if T == 1 and block_pos is None and segments is None else None)
         # the same for every layer: built once per forward
-        mask = None if kernel else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
+        mask = None if kernel is not None else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
                                                   H // KV, self.dtype, key_valid, key_pos)  # (B, 1, T*G, S)
         x = F.embedding(input_ids, self.p("model.embed_tokens.weight"))       # (B, T, D)
         for i, (lw, lin) in enumerate(zip(self.layers, self.linears)):
@@ -180,9 +199,8 @@ class Decoder(nn.Module):
             k = apply_rope(k, cos, sin)                                        # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
             write_kv(k_cache, v_cache, slot_mapping, k, v)
-            if seq_lens is not None:
-                att = paged_decode_attention(q.view(B, 1, H, hd), k_cache, v_cache, block_tables,
-                                             seq_lens, self.scale, slot_valid)   # (B, 1, H, hd)
+            if kernel is not None:
+                att = kernel(q, k_cache, v_cache)                                # (B, 1, H, hd)
             else:
                 att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
                                       self.scale, mask=mask, segments=segments)  # (B, T, H, hd)

@@ -1,0 +1,256 @@
+/* Paged decode attention on the CPU: one query per row reads its live K/V slots in place.
+ *
+ * The torch path (capsule/llm/paged_attention.py) copies every block of a row's table out of
+ * the block-major pool per layer (index_select), then SDPA reads the copy: the K/V bytes move
+ * three times. Here each (row, kv head) reads its keys once (scores), then its values once
+ * (weighted sum), straight from the pool through the block table. No Python API: loaded with
+ * ctypes by edge_kernels/paged_decode_cpu.py, which checks every argument first.
+ *
+ * Semantics: edge_kernels/paged_decode.py's (the Triton kernel): GQA (query head h reads kv
+ * head h / G), keys at slots 0..seq_len-1 of the row's table minus the holes slot_valid marks,
+ * scores scaled by `scale`, softmax in fp32. Sums run in a fixed order (16 lanes, then the lanes
+ * in order), so a result does not depend on the batch, the thread count or the other rows.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16  /* partial sums per reduction: one AVX-512 register, two AVX2, four SSE */
+#define MAX_HEADS 256  /* query heads (the caller checks) */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+typedef struct {
+    const float *q;                 /* (B, H, hd) */
+    const float *k, *v;             /* the layer's K and V of block 0, slot 0, head 0 */
+    int64_t blk_stride, slot_stride, head_stride;   /* in floats; hd is contiguous */
+    const int64_t *tables;          /* (B, nb) */
+    const int64_t *seq_lens;        /* (B,) */
+    const uint8_t *valid;           /* (NB, bs) or NULL */
+    int64_t B, H, KV, hd, bs, nb;
+    float scale;
+    float *out;                     /* (B, H, hd) */
+    int64_t first, step;            /* this worker's units: first, first + step, ... */
+    int status;                     /* 0, or -1 when malloc failed */
+} job_t;
+
+/* 16 floats as one value: GCC/Clang vector extensions, lowered to whatever SIMD the clone has
+ * (one AVX-512 register, two AVX2, four SSE / NEON). No fused multiply-add (-std=c11 sets
+ * -ffp-contract=off): every clone rounds alike, so results do not depend on the CPU's ISA. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
+#endif
+
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* exp(x) for x <= 0 (scores minus their max), 0 below -87: Cephes' expf polynomial on 16
+ * lanes (round to nearest by the 1.5 * 2^23 trick, 2^n built in the exponent bits). ~2 ulp. */
+static inline v16 exp16(v16 x) {
+    v16i dead = x < -87.0f;
+    const v16 floor87 = (v16){0} - 87.0f;
+    v16 xc = (v16)(((v16i)x & ~dead) | ((v16i)floor87 & dead));
+    v16 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    v16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    v16 two = (v16)((__builtin_convertvector(n, v16i) + 127) << 23);
+    return (v16)((v16i)(p * two) & ~dead);
+}
+
+/* 16 vectors of 16 partial sums (one per slot) -> one vector of the 16 slots' sums, each
+ * summed as the tree (l + l+8), then + 4, + 2, + 1: a fixed order. */
+static inline v16 reduce16(const v16 *p) {
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = SHUF(p[2 * i], p[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + SHUF(p[2 * i], p[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        b[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + SHUF(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        c[i] = SHUF(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + SHUF(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return SHUF(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + SHUF(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+static inline float lane_sum(v16 v) {
+    float t[LANES];
+    store16(t, v);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) t[l] = t[l] + t[l + w];
+    return t[0];
+}
+
+static inline void prefetch_row(const float *row, int64_t floats) {
+    for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(row + f);
+}
+
+/* One row's kv heads k0..k1-1 (all of them unless the batch is smaller than the threads):
+ * each slot's (k1 - k0, hd) keys are read once, contiguously, for their G query heads each,
+ * then the values likewise. Scratch: scores (H, Sp) with Sp = nb * bs rounded up to 16,
+ * part (H, 16) and acc (H, hd / 16) vectors. Inlined into one copy per head size below:
+ * with hd a constant the loops over it unroll. */
+static inline __attribute__((always_inline))
+void unit_impl(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores, v16 *part,
+               v16 *acc, const int64_t hd) {
+    const int64_t G = j->H / j->KV, bs = j->bs, h0 = k0 * G, h1 = k1 * G, C = hd / LANES;
+    const int64_t len = j->seq_lens[b], Sp = (j->nb * bs + LANES - 1) / LANES * LANES;
+    const int64_t *table = j->tables + b * j->nb;
+    const float *q = j->q + b * j->H * hd;
+    float *out = j->out + b * j->H * hd;
+    const int64_t row_floats = (k1 - k0) * j->head_stride, ahead = 8;  /* prefetch distance */
+    /* bs is a power of two (the caller checks): no division per slot */
+    const int64_t shift = __builtin_ctzll((unsigned long long)bs), lo = bs - 1;
+#define SLOT(base, s) ((base) + table[(s) >> shift] * j->blk_stride + ((s) & lo) * j->slot_stride \
+                       + k0 * j->head_stride)
+
+    /* pass 1: scores, 16 slots at a time */
+    for (int64_t s0 = 0; s0 < len; s0 += LANES) {
+        int64_t n = len - s0 < LANES ? len - s0 : LANES;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t s = s0 + i;
+            if (s + ahead < len) prefetch_row(SLOT(j->k, s + ahead), row_floats);
+            const float *kr = SLOT(j->k, s) - k0 * j->head_stride;
+            for (int64_t kvh = k0; kvh < k1; kvh++) {
+                const float *kh = kr + kvh * j->head_stride;
+                for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
+                    const float *qh = q + h * hd;
+                    v16 a = load16(qh) * load16(kh);
+                    for (int64_t c = 1; c < C; c++) a += load16(qh + c * LANES) * load16(kh + c * LANES);
+                    part[(h - h0) * LANES + i] = a;
+                }
+            }
+        }
+        for (int64_t h = h0; h < h1; h++) {
+            for (int64_t i = n; i < LANES; i++) part[(h - h0) * LANES + i] = (v16){0};
+            store16(scores + h * Sp + s0, reduce16(part + (h - h0) * LANES) * j->scale);
+            for (int64_t i = n; i < LANES; i++) scores[h * Sp + s0 + i] = -INFINITY;
+        }
+        if (j->valid)   /* holes of a memory region: never read */
+            for (int64_t i = 0; i < n; i++) {
+                int64_t s = s0 + i;
+                if (!j->valid[table[s >> shift] * bs + (s & lo)])
+                    for (int64_t h = h0; h < h1; h++) scores[h * Sp + s] = -INFINITY;
+            }
+    }
+    /* softmax per head over the padded length (the pad is -inf: p = 0) */
+    const int64_t lp = (len + LANES - 1) / LANES * LANES;
+    float inv[MAX_HEADS];
+    for (int64_t h = h0; h < h1; h++) {
+        float *sc = scores + h * Sp;
+        v16 mx = load16(sc);
+        for (int64_t s = LANES; s < lp; s += LANES) {
+            v16 x = load16(sc + s);
+            mx = (v16)(((v16i)x & (x > mx)) | ((v16i)mx & ~(x > mx)));
+        }
+        float t[LANES], m = -INFINITY;
+        store16(t, mx);
+        for (int l = 0; l < LANES; l++) m = t[l] > m ? t[l] : m;
+        if (m == -INFINITY) m = 0.0f;   /* no readable slot: every p is 0, the output 0 */
+        v16 sm = {0};
+        for (int64_t s = 0; s < lp; s += LANES) {
+            v16 e = exp16(load16(sc + s) - m);
+            store16(sc + s, e);
+            sm += e;
+        }
+        float sum = lane_sum(sm);
+        inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t c = 0; c < C; c++) acc[(h - h0) * C + c] = (v16){0};
+    }
+    /* pass 2: the weighted values in slot order; masked slots (p == 0) are skipped, so a
+     * hole's bytes (never written) cannot reach the output */
+    for (int64_t s = 0; s < len; s++) {
+        if (s + ahead < len) prefetch_row(SLOT(j->v, s + ahead), row_floats);
+        const float *vr = SLOT(j->v, s) - k0 * j->head_stride;
+        for (int64_t kvh = k0; kvh < k1; kvh++) {
+            const float *vh = vr + kvh * j->head_stride;
+            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
+                float p = scores[h * Sp + s];
+                if (p == 0.0f) continue;
+                v16 *o = acc + (h - h0) * C;
+                for (int64_t c = 0; c < C; c++) o[c] += load16(vh + c * LANES) * p;
+            }
+        }
+    }
+#undef SLOT
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t c = 0; c < C; c++) store16(out + h * hd + c * LANES, acc[(h - h0) * C + c] * inv[h]);
+}
+
+CLONES static void unit(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores,
+                        v16 *part, v16 *acc) {
+    switch (j->hd) {   /* the head sizes of the models we run; any other multiple of 16 too */
+    case 64: unit_impl(j, b, k0, k1, scores, part, acc, 64); break;
+    case 128: unit_impl(j, b, k0, k1, scores, part, acc, 128); break;
+    default: unit_impl(j, b, k0, k1, scores, part, acc, j->hd);
+    }
+}
+
+/* Units: rows, or (row, kv head) when there are fewer rows than threads. */
+static void *run_units(void *arg) {
+    job_t *j = (job_t *)arg;
+    const int64_t per_row = j->B < j->step ? j->KV : 1, units = j->B * per_row;
+    const size_t sp = (size_t)((j->nb * j->bs + LANES - 1) / LANES * LANES);
+    float *scores = (float *)malloc(sizeof(float) * (size_t)j->H * sp);
+    v16 *part = (v16 *)aligned_alloc(sizeof(v16), sizeof(v16) * (size_t)(j->H * LANES));
+    v16 *acc = (v16 *)aligned_alloc(sizeof(v16), sizeof(float) * (size_t)(j->H * j->hd));
+    if (!scores || !part || !acc) {
+        j->status = -1;
+    } else {
+        for (int64_t u = j->first; u < units; u += j->step) {
+            int64_t b = u / per_row, k0 = per_row == 1 ? 0 : u % per_row;
+            unit(j, b, k0, per_row == 1 ? j->KV : k0 + 1, scores, part, acc);
+        }
+    }
+    free(scores);
+    free(part);
+    free(acc);
+    return NULL;
+}
+
+/* Returns 0, or -1 when memory or a thread could not be had (the caller raises). The caller
+ * has checked shapes, strides, block ids < NB and 1 <= seq_lens <= nb * bs. */
+int capsule_paged_decode_f32(const float *q, const float *k, const float *v,
+                             int64_t blk_stride, int64_t slot_stride, int64_t head_stride,
+                             const int64_t *tables, int64_t nb, const int64_t *seq_lens,
+                             const uint8_t *valid, int64_t B, int64_t H, int64_t KV, int64_t hd,
+                             int64_t bs, float scale, float *out, int threads) {
+    job_t base = {q, k, v, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
+                  B, H, KV, hd, bs, nb, scale, out, 0, 1, 0};
+    int n = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    if (n > B * KV) n = (int)(B * KV);
+    base.step = n;
+    if (n <= 1) { run_units(&base); return base.status; }
+    job_t jobs[64];
+    pthread_t tids[64];
+    int started = 0, status = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i] = base;
+        jobs[i].first = i;
+        jobs[i].step = n;
+    }
+    for (int i = 1; i < n; i++) {   /* this thread runs worker 0 */
+        if (pthread_create(&tids[i], NULL, run_units, &jobs[i]) != 0) { status = -1; break; }
+        started = i;
+    }
+    run_units(&jobs[0]);
+    for (int i = 1; i <= started; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < n; i++) if (jobs[i].status) status = -1;
+    return status;
+}

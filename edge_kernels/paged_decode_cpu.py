@@ -1,0 +1,146 @@
+"""Paged decode attention (T=1) on the CPU in C: each row reads its live K/V in place, once.
+
+Semantics are `paged_decode.paged_decode_attention`'s (GQA, slots 0..seq_lens[b]-1 of the row's
+table minus the holes `slot_valid` marks, fp32 softmax scaled by `scale`). Why: the torch path
+(`capsule.llm.paged_attention`) copies every block of each row's table per layer, then SDPA
+reads the copy; at batch 4 and 2,048 tokens that was ~70 % of a decode step here. The kernel
+(csrc/paged_decode_cpu.c) reads each key and each value row once, in a fixed summation order,
+so a row's result does not depend on the batch or the thread count.
+
+It is built by `pip install` (setup.py: an optional C extension, no Python API, loaded with
+ctypes). Where it could not be built (no C compiler), `missing()` says so and callers keep the
+torch path. fp32 pools only (runtime.kv_dtype unset), head size a multiple of 16.
+
+Hot path: no host sync beyond what eager CPU code does anyway; the output is the one allocation.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+from pathlib import Path
+
+import torch
+
+from .paged_decode import decode_args
+
+_LIB = "_paged_decode_cpu"
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+MAX_HEADS = 256         # query heads the kernel holds (csrc: MAX_HEADS)
+LANES = 16              # the head size must be a multiple of it (csrc: LANES)
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / (_LIB + suffix)
+        if path.is_file():
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                return None, f"{path.name} did not load ({exc}); reinstall: pip install -e ."
+            fn = lib.capsule_paged_decode_f32
+            fn.restype = ctypes.c_int
+            fn.argtypes = [_P, _P, _P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
+                           ctypes.c_float, _P, ctypes.c_int]
+            return lib, None
+    return None, (f"the CPU decode kernel ({_LIB}) was not built with the package (no C compiler "
+                  "at install?): install gcc and reinstall (pip install -e .)")
+
+
+def missing() -> str | None:
+    """Why the kernel cannot run here, or None."""
+    return _library()[1]
+
+
+def unsupported(k_cache: torch.Tensor, head_dim: int, heads: int,
+                dtype: torch.dtype = torch.float32) -> str | None:
+    """Why a pool / model is outside the kernel (fp32 CPU pool, fp32 queries (``dtype``, the
+    model's), head size % 16, at most 256 query heads), or None."""
+    if k_cache.device.type != "cpu" or k_cache.dtype != torch.float32:
+        return f"it reads fp32 CPU pools, this one is {k_cache.dtype} on {k_cache.device}"
+    if dtype != torch.float32:
+        return f"it computes in fp32, the model in {dtype}"
+    if head_dim % LANES or heads > MAX_HEADS:
+        return f"it needs a head size that is a multiple of {LANES} (got {head_dim}) and at most " \
+               f"{MAX_HEADS} query heads (got {heads})"
+    return missing()
+
+
+class DecodePlan:
+    """One decode step's rows, checked once for every layer: block tables, lengths, holes.
+
+    block_tables: (B, nb) int; seq_lens: (B,) int, 1 <= seq_lens <= nb * bs; slot_valid: the
+    pool's (NB, bs) bool mask, or None; num_blocks / block_size: the pool's NB and bs (a power
+    of two). ValueError when a block id or a length would read outside the pool."""
+
+    def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 slot_valid: torch.Tensor | None, num_blocks: int, block_size: int, *,
+                 threads: int | None = None) -> None:
+        if block_size < 1 or block_size & (block_size - 1):
+            raise ValueError(f"the block size must be a power of two, got {block_size}")
+        self.tables = block_tables.to(torch.int64).contiguous()                # (B, nb)
+        self.lens = seq_lens.to(torch.int64).contiguous()                       # (B,)
+        B, nb = self.tables.shape
+        # the kernel trusts these: a bad id or length would read outside the pool
+        if B and (int(self.tables.min()) < 0 or int(self.tables.max()) >= num_blocks):
+            raise ValueError(f"block_tables hold ids outside the pool's 0..{num_blocks - 1}")
+        if B and (int(self.lens.min()) < 1 or int(self.lens.max()) > nb * block_size):
+            raise ValueError(f"seq_lens must lie in 1..{nb * block_size} (the table's slots), got "
+                             f"{int(self.lens.min())}..{int(self.lens.max())}")
+        self.valid = None if slot_valid is None else slot_valid.contiguous().view(torch.uint8)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.threads = torch.get_num_threads() if threads is None else threads
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+        """q (B, H, hd) fp32 contiguous, k_cache / v_cache one layer's (NB, bs, KV, hd) views
+        (checked by the caller: paged_decode_attention_cpu, or once per model by the Session)."""
+        B, H, hd = q.shape
+        KV = k_cache.shape[2]
+        out = torch.empty_like(q)                                               # (B, H, hd)
+        rc = _library()[0].capsule_paged_decode_f32(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), KV * hd, hd,
+            self.tables.data_ptr(), self.tables.shape[1], self.lens.data_ptr(),
+            None if self.valid is None else self.valid.data_ptr(),
+            B, H, KV, hd, self.block_size, float(scale), out.data_ptr(), self.threads)
+        if rc != 0:
+            raise RuntimeError("the CPU paged decode kernel could not allocate its scratch or threads")
+        return out
+
+
+def check_layer(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """ValueError / RuntimeError unless the kernel can read this layer (q already (B, H, hd))."""
+    H, hd, KV = q.shape[1], q.shape[2], k_cache.shape[2]
+    why = unsupported(k_cache, hd, H)
+    if why:
+        raise RuntimeError(f"the CPU paged decode kernel cannot run: {why}")
+    if q.dtype != torch.float32 or v_cache.dtype != torch.float32:
+        raise ValueError(f"q and v_cache must be fp32, got {q.dtype} / {v_cache.dtype}")
+    if k_cache.shape[1] & (k_cache.shape[1] - 1):
+        raise ValueError(f"the block size must be a power of two, got {k_cache.shape[1]}")
+    if k_cache.stride()[1:] != (KV * hd, hd, 1) or v_cache.stride() != k_cache.stride():
+        raise ValueError(f"k/v caches need (KV, hd) contiguous per slot and one layout, got strides "
+                         f"{k_cache.stride()} / {v_cache.stride()}")
+
+
+def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                               slot_valid: torch.Tensor | None = None, *,
+                               threads: int | None = None) -> torch.Tensor:
+    """Decode attention of one query per row over its live key slots, in C.
+
+    q: (B, H, hd) or (B, 1, H, hd) fp32; k_cache, v_cache: (NB, bs, KV, hd) fp32 views of one
+    layer of the pool (any block stride; each slot's (KV, hd) contiguous, as the pool's are);
+    block_tables, seq_lens, slot_valid: as DecodePlan takes them. threads: worker threads
+    (default torch's count); each row runs on one (each (row, kv head) when there are fewer
+    rows than threads). Returns q's shape. ValueError on bad arguments, RuntimeError when the
+    kernel is missing or could not get memory. A decoder builds one DecodePlan per step instead."""
+    squeeze, q = decode_args(q, k_cache, v_cache, block_tables, seq_lens, slot_valid)
+    check_layer(q, k_cache, v_cache)
+    plan = DecodePlan(block_tables, seq_lens, slot_valid, k_cache.shape[0], k_cache.shape[1],
+                      threads=threads)
+    out = plan(q.contiguous(), k_cache, v_cache, scale)
+    return out.unsqueeze(1) if squeeze else out

@@ -1,0 +1,148 @@
+"""The C paged decode kernel (edge_kernels.paged_decode_cpu) equals capsule.llm.paged_attention
+(T=1) on its mask rules, reads nothing past a row's length, is batch- and thread-invariant, and
+runs inside the Session as runtime.decode_attention="cpu" (bound into capsules).
+
+The kernel is built by the package install (setup.py); a missing build fails these tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capsule.errors import CapsuleMismatch, EngineUnavailable
+from capsule.llm.paged_attention import paged_attention
+from capsule.session import Session
+from edge_kernels import paged_decode_cpu
+from edge_kernels.paged_decode_cpu import paged_decode_attention_cpu
+
+H, KV, HD, BS, NB, NBLK = 9, 3, 64, 16, 24, 6        # GQA: 3 query heads per kv head
+RT = {"kv_pool_mb": 16, "max_context": 1024}
+
+
+def test_the_kernel_was_built_with_the_package():
+    assert paged_decode_cpu.missing() is None, paged_decode_cpu.missing()
+
+
+def _case(seed: int = 0, hd: int = HD) -> dict:
+    """A pool of 2 layers, 3 rows of different live lengths (1, across a block edge, full)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [1, 37, NBLK * BS]
+    pool = torch.randn(NB, 2, 2, BS, KV, hd, generator=g)
+    tables = torch.randperm(NB - 1, generator=g)[:len(lens) * NBLK].add(1).view(len(lens), NBLK)
+    valid = torch.ones(NB, BS, dtype=torch.bool)
+    valid[tables[1, 0], 2:7] = False                   # holes (memory regions) inside live ranges
+    valid[tables[2, 3]] = False                        # a wholly empty block
+    q = torch.randn(len(lens), H, hd, generator=g)     # (B, H, hd)
+    return dict(q=q, pool=pool, k=pool[:, 1, 0], v=pool[:, 1, 1], tables=tables,
+                lens=torch.tensor(lens, dtype=torch.int32), valid=valid)
+
+
+def _reference(c: dict, holes: bool) -> torch.Tensor:
+    B = c["q"].shape[0]
+    key_valid = c["valid"][c["tables"]].view(B, -1) if holes else None            # (B, S)
+    positions = (c["lens"].long() - 1).view(B, 1)
+    return paged_attention(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"], positions,
+                           c["q"].shape[-1] ** -0.5, key_valid)[:, 0]           # (B, H, hd)
+
+
+def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:
+    return paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"], c["lens"],
+                                      c["q"].shape[-1] ** -0.5, c["valid"] if holes else None, **kw)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 48])         # the two unrolled sizes and the generic loop
+@pytest.mark.parametrize("holes", [False, True])
+def test_equals_the_torch_paged_attention(holes, hd):
+    c = _case(hd=hd)
+    torch.testing.assert_close(_kernel(c, holes), _reference(c, holes), rtol=1e-5, atol=2e-6)
+    # (B, 1, H, hd) in, the same shape out
+    out4 = paged_decode_attention_cpu(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"].long(),
+                                      c["lens"].long(), hd ** -0.5)
+    assert out4.shape == (3, 1, H, hd)
+
+
+def test_reads_no_slot_past_the_length():
+    c = _case()
+    before = _kernel(c, True)
+    # garbage in every slot after each row's last one, and in the holes: nothing changes
+    for b, n in enumerate(c["lens"].tolist()):
+        for s in range(n, NBLK * BS):
+            c["pool"][c["tables"][b, s // BS], 1, :, s % BS] = float("nan")
+    c["pool"][:, 1, 1][~c["valid"]] = float("inf")    # a hole's value bytes (never written)
+    torch.testing.assert_close(_kernel(c, True), before, rtol=0, atol=0)
+    # one slot more is read when the length is one more: the result moves
+    c2 = _case()
+    c2["lens"] = c2["lens"].clone()
+    c2["lens"][1] += 1
+    assert not torch.allclose(_kernel(c2, True)[1], before[1])
+
+
+def test_a_row_does_not_depend_on_the_batch_or_the_threads():
+    c = _case(seed=3)
+    full = _kernel(c, True, threads=1)
+    for threads in (2, 3, 8):
+        assert torch.equal(_kernel(c, True, threads=threads), full)
+    for b in range(3):
+        alone = {**c, "q": c["q"][b:b + 1], "tables": c["tables"][b:b + 1], "lens": c["lens"][b:b + 1]}
+        assert torch.equal(_kernel(alone, True)[0], full[b])
+
+
+def test_bad_arguments_are_refused_before_the_kernel_reads():
+    c = _case()
+    bad_tables = c["tables"].clone()
+    bad_tables[0, 0] = NB                              # one past the pool
+    with pytest.raises(ValueError, match="ids outside the pool"):
+        paged_decode_attention_cpu(c["q"], c["k"], c["v"], bad_tables, c["lens"], 0.1)
+    for lens in ([0, 1, 1], [1, 1, NBLK * BS + 1]):
+        with pytest.raises(ValueError, match="seq_lens must lie in"):
+            paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"], torch.tensor(lens), 0.1)
+    with pytest.raises(RuntimeError, match="fp32 CPU pools"):
+        paged_decode_attention_cpu(c["q"], c["k"].half(), c["v"].half(), c["tables"], c["lens"], 0.1)
+    with pytest.raises(ValueError, match="fp32"):
+        paged_decode_attention_cpu(c["q"].double(), c["k"], c["v"], c["tables"], c["lens"], 0.1)
+    odd = _case(hd=40)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        _kernel(odd, False)
+    with pytest.raises(ValueError, match="one layout"):
+        paged_decode_attention_cpu(c["q"], c["k"], c["v"].contiguous(), c["tables"], c["lens"], 0.1)
+    with pytest.raises(ValueError, match="block_tables must be"):
+        paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"][:2], c["lens"], 0.1)
+
+
+def test_the_session_decodes_with_it_and_binds_its_capsules(tmp_path):
+    texts, hidden = {}, {}
+    for kind in ("torch", "cpu"):
+        with Session.open(tmp_path / kind, device="cpu", model="builtin:tiny",
+                          runtime={**RT, "decode_attention": kind}) as s:
+            assert s.engine.runner.model.decode_attention == kind
+            s.append("user: " + "tell me about the charging bay. " * 8 + "\nassistant:", stream="a")
+            s.append("user: hello robot\nassistant:", stream="b")
+            texts[kind] = (s.generate(12, stream="a"), s.generate(12, stream="b"))
+            s.checkpoint()
+    # random weights: near-ties are rare but possible, so the tokens are compared per stream
+    # only as a sanity check of the wiring; the hidden states are held to fp32 rounding below
+    assert all(len(t) > 0 for t in texts["cpu"])
+    with pytest.raises(CapsuleMismatch):
+        Session.open(tmp_path / "cpu", device="cpu", model="builtin:tiny", runtime=RT)
+    with Session.open(tmp_path / "cpu", device="cpu", model="builtin:tiny",
+                      runtime={**RT, "decode_attention": "cpu"}) as s:
+        m, pool = s.engine.runner.model, s.engine.pool
+        t = s.engine.streams["a"].table
+        i = t.num_cached - 1
+        p = t.position(i)
+        args = (torch.tensor([[s.tokens("a")[i]]]), torch.tensor([[p]]),
+                torch.tensor(t.slots_at([p])), torch.tensor([list(t.blocks[:p // pool.block_size + 1])]))
+        for kind in ("torch", "cpu"):
+            m.set_decode_attention(kind)
+            with torch.inference_mode():
+                hidden[kind] = m(*args, pool.tensor, slot_valid=pool.slot_valid)
+        m.set_decode_attention("cpu")
+    torch.testing.assert_close(hidden["cpu"], hidden["torch"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_pool_it_cannot_read_is_refused_at_open(tmp_path):
+    with pytest.raises(EngineUnavailable, match="decode_attention='cpu' cannot run: .*fp32"):
+        Session.open(tmp_path / "s", device="cpu", model="builtin:tiny",
+                     runtime={**RT, "decode_attention": "cpu", "kv_dtype": "float16"})
+    with pytest.raises(EngineUnavailable, match="computes in fp32, the model in torch.bfloat16"):
+        Session.open(tmp_path / "t", device="cpu", model="builtin:tiny",
+                     runtime={**RT, "decode_attention": "cpu", "dtype": "bfloat16", "kv_dtype": "float32"})
