@@ -37,7 +37,10 @@ REMOVED = {
 # the one place to change it for all of them
 BLOCK_SIZE = 16
 # Names double as file stems and CLI arguments, so keep them path-safe.
-DECODE_ATTENTION = ("torch", "triton", "cpu")   # runtime.decode_attention (capsule.llm.model uses it)
+DECODE_ATTENTION = ("torch", "triton", "cpu")   # the kernels capsule.llm.model runs
+# runtime.decode_attention: a kernel, or "auto": "cpu" where it can run (a CPU fp32 model, an fp32
+# or bf16 pool, the C kernel built), else "torch" (capsule.assembly resolves it)
+DECODE_ATTENTION_SETTINGS = DECODE_ATTENTION + ("auto",)
 LLM_ENGINES = ("torch", "onnxruntime", "tensorrt")   # runtime.llm_engines (capsule.assembly selects)
 LINEARS = ("dequantized", "int4")   # runtime.linears (capsule.llm.loader: int4 keeps Q4_0/Q4_1 GGUF weights)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -56,8 +59,8 @@ class RuntimeDefaults:
     kv_dtype: str | None = None       # the K/V cache's dtype; None: the weights' (dtype)
     context_policy: str = "error"     # a stream that would pass max_context: "error" or "shift"
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
-    # "torch", "triton" (edge_kernels.paged_decode; needs Triton) or "cpu" (paged_decode_cpu, in C)
-    decode_attention: str = "torch"
+    # "auto", "torch", "triton" (edge_kernels.paged_decode; needs Triton) or "cpu" (paged_decode_cpu)
+    decode_attention: str = "auto"
     llm_engines: tuple[str, ...] = ("torch",)   # LLM step engines, first that runs here wins
     # "int4": a GGUF's Q4_0 / Q4_1 layers multiply by their 4-bit weights (CPU, torch engine;
     # bf16 matmuls: faster, not parity-exact); "dequantized": every weight in `dtype`
@@ -90,7 +93,7 @@ class RuntimeDefaults:
         if self.kv_dtype is not None:
             check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
         check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)
-        check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION)
+        check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION_SETTINGS)
         check_choice("runtime.linears", self.linears, LINEARS)
         if self.threads is not None:
             check_int("runtime.threads", self.threads, lo=1)

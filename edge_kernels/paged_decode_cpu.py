@@ -9,7 +9,8 @@ so a row's result does not depend on the batch or the thread count.
 
 It is built by `pip install` (setup.py: an optional C extension, no Python API, loaded with
 ctypes). Where it could not be built (no C compiler), `missing()` says so and callers keep the
-torch path. fp32 pools only (runtime.kv_dtype unset), head size a multiple of 16.
+torch path. fp32 models; fp32 or bf16 pools (runtime.kv_dtype unset or "bfloat16": bf16 K/V
+halve the bytes each step reads); head size a multiple of 16.
 
 Hot path: no host sync beyond what eager CPU code does anyway; the output is the one allocation.
 """
@@ -29,6 +30,7 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 MAX_HEADS = 256         # query heads the kernel holds (csrc: MAX_HEADS)
 LANES = 16              # the head size must be a multiple of it (csrc: LANES)
+KV_DTYPES = (torch.float32, torch.bfloat16)   # pools it reads (bf16 widens exactly to fp32)
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,9 +43,9 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
                 lib = ctypes.CDLL(str(path))
             except OSError as exc:
                 return None, f"{path.name} did not load ({exc}); reinstall: pip install -e ."
-            fn = lib.capsule_paged_decode_f32
+            fn = lib.capsule_paged_decode
             fn.restype = ctypes.c_int
-            fn.argtypes = [_P, _P, _P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
+            fn.argtypes = [_P, _P, _P, ctypes.c_int, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
                            ctypes.c_float, _P, ctypes.c_int]
             return lib, None
     return None, (f"the CPU decode kernel ({_LIB}) was not built with the package (no C compiler "
@@ -57,10 +59,10 @@ def missing() -> str | None:
 
 def unsupported(k_cache: torch.Tensor, head_dim: int, heads: int,
                 dtype: torch.dtype = torch.float32) -> str | None:
-    """Why a pool / model is outside the kernel (fp32 CPU pool, fp32 queries (``dtype``, the
-    model's), head size % 16, at most 256 query heads), or None."""
-    if k_cache.device.type != "cpu" or k_cache.dtype != torch.float32:
-        return f"it reads fp32 CPU pools, this one is {k_cache.dtype} on {k_cache.device}"
+    """Why a pool / model is outside the kernel (fp32 or bf16 CPU pool, fp32 queries (``dtype``,
+    the model's), head size % 16, at most 256 query heads), or None."""
+    if k_cache.device.type != "cpu" or k_cache.dtype not in KV_DTYPES:
+        return f"it reads fp32 or bf16 CPU pools, this one is {k_cache.dtype} on {k_cache.device}"
     if dtype != torch.float32:
         return f"it computes in fp32, the model in {dtype}"
     if head_dim % LANES or heads > MAX_HEADS:
@@ -101,8 +103,9 @@ class DecodePlan:
         B, H, hd = q.shape
         KV = k_cache.shape[2]
         out = torch.empty_like(q)                                               # (B, H, hd)
-        rc = _library()[0].capsule_paged_decode_f32(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), KV * hd, hd,
+        rc = _library()[0].capsule_paged_decode(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16,
+            k_cache.stride(0), KV * hd, hd,
             self.tables.data_ptr(), self.tables.shape[1], self.lens.data_ptr(),
             None if self.valid is None else self.valid.data_ptr(),
             B, H, KV, hd, self.block_size, float(scale), out.data_ptr(), self.threads)
@@ -117,8 +120,9 @@ def check_layer(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     why = unsupported(k_cache, hd, H)
     if why:
         raise RuntimeError(f"the CPU paged decode kernel cannot run: {why}")
-    if q.dtype != torch.float32 or v_cache.dtype != torch.float32:
-        raise ValueError(f"q and v_cache must be fp32, got {q.dtype} / {v_cache.dtype}")
+    if q.dtype != torch.float32 or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q must be fp32 and v_cache of k_cache's dtype, got {q.dtype}, "
+                         f"{k_cache.dtype} / {v_cache.dtype}")
     if k_cache.shape[1] & (k_cache.shape[1] - 1):
         raise ValueError(f"the block size must be a power of two, got {k_cache.shape[1]}")
     if k_cache.stride()[1:] != (KV * hd, hd, 1) or v_cache.stride() != k_cache.stride():
@@ -132,7 +136,7 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                threads: int | None = None) -> torch.Tensor:
     """Decode attention of one query per row over its live key slots, in C.
 
-    q: (B, H, hd) or (B, 1, H, hd) fp32; k_cache, v_cache: (NB, bs, KV, hd) fp32 views of one
+    q: (B, H, hd) or (B, 1, H, hd) fp32; k_cache, v_cache: (NB, bs, KV, hd) fp32 or bf16 views of one
     layer of the pool (any block stride; each slot's (KV, hd) contiguous, as the pool's are);
     block_tables, seq_lens, slot_valid: as DecodePlan takes them. threads: worker threads
     (default torch's count); each row runs on one (each (row, kv head) when there are fewer

@@ -68,7 +68,7 @@ def test_decode_attention_kind_is_checked(tmp_path, interpret):
     assert DECODE_ATTENTION is PROFILE_CHOICES                # one list of choices, not two
     with Session.open(tmp_path / "s", device="cpu", model="builtin:tiny", runtime=RT) as s:
         m = s.engine.runner.model
-        assert m.decode_attention == "torch"                  # the default until a GPU run checks it
+        assert m.decode_attention == "cpu"                    # "auto" on a CPU fp32 model: the C kernel
         with pytest.raises(ValueError, match="decode attention must be one of"):
             m.set_decode_attention("flash")
     with Session.open(tmp_path / "t", device="cpu", model="builtin:tiny",

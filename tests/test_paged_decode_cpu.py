@@ -22,11 +22,11 @@ def test_the_kernel_was_built_with_the_package():
     assert paged_decode_cpu.missing() is None, paged_decode_cpu.missing()
 
 
-def _case(seed: int = 0, hd: int = HD) -> dict:
+def _case(seed: int = 0, hd: int = HD, dtype: torch.dtype = torch.float32) -> dict:
     """A pool of 2 layers, 3 rows of different live lengths (1, across a block edge, full)."""
     g = torch.Generator().manual_seed(seed)
     lens = [1, 37, NBLK * BS]
-    pool = torch.randn(NB, 2, 2, BS, KV, hd, generator=g)
+    pool = torch.randn(NB, 2, 2, BS, KV, hd, generator=g).to(dtype)
     tables = torch.randperm(NB - 1, generator=g)[:len(lens) * NBLK].add(1).view(len(lens), NBLK)
     valid = torch.ones(NB, BS, dtype=torch.bool)
     valid[tables[1, 0], 2:7] = False                   # holes (memory regions) inside live ranges
@@ -49,10 +49,11 @@ def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:
                                       c["q"].shape[-1] ** -0.5, c["valid"] if holes else None, **kw)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # runtime.kv_dtype
 @pytest.mark.parametrize("hd", [64, 128, 48])         # the two unrolled sizes and the generic loop
 @pytest.mark.parametrize("holes", [False, True])
-def test_equals_the_torch_paged_attention(holes, hd):
-    c = _case(hd=hd)
+def test_equals_the_torch_paged_attention(holes, hd, dtype):
+    c = _case(hd=hd, dtype=dtype)   # the torch path widens a bf16 pool to fp32 as the kernel does
     torch.testing.assert_close(_kernel(c, holes), _reference(c, holes), rtol=1e-5, atol=2e-6)
     # (B, 1, H, hd) in, the same shape out
     out4 = paged_decode_attention_cpu(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"].long(),
@@ -95,10 +96,12 @@ def test_bad_arguments_are_refused_before_the_kernel_reads():
     for lens in ([0, 1, 1], [1, 1, NBLK * BS + 1]):
         with pytest.raises(ValueError, match="seq_lens must lie in"):
             paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"], torch.tensor(lens), 0.1)
-    with pytest.raises(RuntimeError, match="fp32 CPU pools"):
+    with pytest.raises(RuntimeError, match="fp32 or bf16 CPU pools"):
         paged_decode_attention_cpu(c["q"], c["k"].half(), c["v"].half(), c["tables"], c["lens"], 0.1)
-    with pytest.raises(ValueError, match="fp32"):
+    with pytest.raises(ValueError, match="q must be fp32"):
         paged_decode_attention_cpu(c["q"].double(), c["k"], c["v"], c["tables"], c["lens"], 0.1)
+    with pytest.raises(ValueError, match="of k_cache's dtype"):
+        paged_decode_attention_cpu(c["q"], c["k"], c["v"].bfloat16(), c["tables"], c["lens"], 0.1)
     odd = _case(hd=40)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         _kernel(odd, False)
@@ -108,11 +111,13 @@ def test_bad_arguments_are_refused_before_the_kernel_reads():
         paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"][:2], c["lens"], 0.1)
 
 
-def test_the_session_decodes_with_it_and_binds_its_capsules(tmp_path):
+@pytest.mark.parametrize("kv", [{}, {"kv_dtype": "bfloat16"}])
+def test_the_session_decodes_with_it_and_binds_its_capsules(tmp_path, kv):
     texts, hidden = {}, {}
+    rt = {**RT, **kv}
     for kind in ("torch", "cpu"):
         with Session.open(tmp_path / kind, device="cpu", model="builtin:tiny",
-                          runtime={**RT, "decode_attention": kind}) as s:
+                          runtime={**rt, "decode_attention": kind}) as s:
             assert s.engine.runner.model.decode_attention == kind
             s.append("user: " + "tell me about the charging bay. " * 8 + "\nassistant:", stream="a")
             s.append("user: hello robot\nassistant:", stream="b")
@@ -122,9 +127,10 @@ def test_the_session_decodes_with_it_and_binds_its_capsules(tmp_path):
     # only as a sanity check of the wiring; the hidden states are held to fp32 rounding below
     assert all(len(t) > 0 for t in texts["cpu"])
     with pytest.raises(CapsuleMismatch):
-        Session.open(tmp_path / "cpu", device="cpu", model="builtin:tiny", runtime=RT)
+        Session.open(tmp_path / "cpu", device="cpu", model="builtin:tiny",
+                     runtime={**rt, "decode_attention": "torch"})
     with Session.open(tmp_path / "cpu", device="cpu", model="builtin:tiny",
-                      runtime={**RT, "decode_attention": "cpu"}) as s:
+                      runtime={**rt, "decode_attention": "cpu"}) as s:
         m, pool = s.engine.runner.model, s.engine.pool
         t = s.engine.streams["a"].table
         i = t.num_cached - 1
@@ -140,9 +146,21 @@ def test_the_session_decodes_with_it_and_binds_its_capsules(tmp_path):
 
 
 def test_a_pool_it_cannot_read_is_refused_at_open(tmp_path):
-    with pytest.raises(EngineUnavailable, match="decode_attention='cpu' cannot run: .*fp32"):
+    with pytest.raises(EngineUnavailable, match="decode_attention='cpu' cannot run: .*fp32 or bf16"):
         Session.open(tmp_path / "s", device="cpu", model="builtin:tiny",
                      runtime={**RT, "decode_attention": "cpu", "kv_dtype": "float16"})
     with pytest.raises(EngineUnavailable, match="computes in fp32, the model in torch.bfloat16"):
         Session.open(tmp_path / "t", device="cpu", model="builtin:tiny",
                      runtime={**RT, "decode_attention": "cpu", "dtype": "bfloat16", "kv_dtype": "float32"})
+
+
+def test_auto_picks_the_kernel_where_it_runs_and_torch_elsewhere(tmp_path):
+    from devices.profile import RuntimeDefaults
+    assert RuntimeDefaults.__dataclass_fields__["decode_attention"].default == "auto"
+    with Session.open(tmp_path / "a", device="cpu", model="builtin:tiny", runtime=RT) as s:
+        assert s.engine.runner.model.decode_attention == "cpu"
+    with Session.open(tmp_path / "b", device="cpu", model="builtin:tiny",
+                      runtime={**RT, "kv_dtype": "float16"}) as s:   # a pool the kernel cannot read
+        assert s.engine.runner.model.decode_attention == "torch"
+        s.append("user: hello robot\nassistant:")
+        assert isinstance(s.generate(2), str)

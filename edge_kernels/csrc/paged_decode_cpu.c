@@ -28,7 +28,8 @@
 
 typedef struct {
     const float *q;                 /* (B, H, hd) */
-    const float *k, *v;             /* the layer's K and V of block 0, slot 0, head 0 */
+    const void *k, *v;              /* the layer's K and V of block 0, slot 0, head 0 */
+    int bf16;                       /* 1: K/V are bfloat16, 0: float32 */
     int64_t blk_stride, slot_stride, head_stride;   /* in floats; hd is contiguous */
     const int64_t *tables;          /* (B, nb) */
     const int64_t *seq_lens;        /* (B,) */
@@ -45,6 +46,7 @@ typedef struct {
  * -ffp-contract=off): every clone rounds alike, so results do not depend on the CPU's ISA. */
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
 #if defined(__clang__) || __GNUC__ >= 12
 #define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -97,43 +99,61 @@ static inline float lane_sum(v16 v) {
     return t[0];
 }
 
-static inline void prefetch_row(const float *row, int64_t floats) {
-    for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(row + f);
+/* 16 K/V elements at element offset `off` of the pool as fp32: the pool's fp32 floats, or its
+ * bfloat16 halves (the top 16 bits of an fp32: widened exactly, by a shift) */
+static inline __attribute__((always_inline)) v16 kv16(const void *base, int64_t off, const int bf16) {
+    if (bf16) {
+        v16u16 h;
+        memcpy(&h, (const uint16_t *)base + off, sizeof h);
+        return (v16)(__builtin_convertvector(h, v16i) << 16);
+    }
+    return load16((const float *)base + off);
+}
+
+static inline void prefetch_row(const void *base, int64_t off, int64_t elems, const int bf16) {
+    const char *row = (const char *)base + off * (bf16 ? 2 : 4);
+    for (int64_t b = 0; b < elems * (bf16 ? 2 : 4); b += 64) __builtin_prefetch(row + b);
 }
 
 /* One row's kv heads k0..k1-1 (all of them unless the batch is smaller than the threads):
  * each slot's (k1 - k0, hd) keys are read once, contiguously, for their G query heads each,
  * then the values likewise. Scratch: scores (H, Sp) with Sp = nb * bs rounded up to 16,
- * part (H, 16) and acc (H, hd / 16) vectors. Inlined into one copy per head size below:
- * with hd a constant the loops over it unroll. */
+ * part (H, 16) and acc (H, hd / 16) vectors. Inlined into one copy per head size and pool
+ * dtype below: with hd and bf16 constants the loops over hd unroll and the loads specialize. */
 static inline __attribute__((always_inline))
 void unit_impl(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores, v16 *part,
-               v16 *acc, const int64_t hd) {
+               v16 *acc, const int64_t hd, const int bf16) {
     const int64_t G = j->H / j->KV, bs = j->bs, h0 = k0 * G, h1 = k1 * G, C = hd / LANES;
     const int64_t len = j->seq_lens[b], Sp = (j->nb * bs + LANES - 1) / LANES * LANES;
     const int64_t *table = j->tables + b * j->nb;
     const float *q = j->q + b * j->H * hd;
     float *out = j->out + b * j->H * hd;
-    const int64_t row_floats = (k1 - k0) * j->head_stride, ahead = 8;  /* prefetch distance */
+    const int64_t hs = j->head_stride, row = (k1 - k0) * hs, ahead = 8;  /* prefetch distance */
     /* bs is a power of two (the caller checks): no division per slot */
     const int64_t shift = __builtin_ctzll((unsigned long long)bs), lo = bs - 1;
-#define SLOT(base, s) ((base) + table[(s) >> shift] * j->blk_stride + ((s) & lo) * j->slot_stride \
-                       + k0 * j->head_stride)
+    /* element offset of slot s's kv head 0 in the layer */
+#define SLOT(s) (table[(s) >> shift] * j->blk_stride + ((s) & lo) * j->slot_stride)
 
     /* pass 1: scores, 16 slots at a time */
     for (int64_t s0 = 0; s0 < len; s0 += LANES) {
         int64_t n = len - s0 < LANES ? len - s0 : LANES;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t s = s0 + i;
-            if (s + ahead < len) prefetch_row(SLOT(j->k, s + ahead), row_floats);
-            const float *kr = SLOT(j->k, s) - k0 * j->head_stride;
+        for (int64_t i = 0; i < n; i += 2) {   /* two slots per q load (a lone last one: twice) */
+            int64_t s = s0 + i, two = i + 1 < n;
+            if (s + ahead < len) prefetch_row(j->k, SLOT(s + ahead) + k0 * hs, row, bf16);
+            if (two && s + 1 + ahead < len) prefetch_row(j->k, SLOT(s + 1 + ahead) + k0 * hs, row, bf16);
+            const int64_t r0 = SLOT(s), r1 = two ? SLOT(s + 1) : r0;
             for (int64_t kvh = k0; kvh < k1; kvh++) {
-                const float *kh = kr + kvh * j->head_stride;
+                const int64_t o0 = r0 + kvh * hs, o1 = r1 + kvh * hs;
                 for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
                     const float *qh = q + h * hd;
-                    v16 a = load16(qh) * load16(kh);
-                    for (int64_t c = 1; c < C; c++) a += load16(qh + c * LANES) * load16(kh + c * LANES);
-                    part[(h - h0) * LANES + i] = a;
+                    v16 qc = load16(qh), a0 = qc * kv16(j->k, o0, bf16), a1 = qc * kv16(j->k, o1, bf16);
+                    for (int64_t c = 1; c < C; c++) {
+                        qc = load16(qh + c * LANES);
+                        a0 += qc * kv16(j->k, o0 + c * LANES, bf16);
+                        a1 += qc * kv16(j->k, o1 + c * LANES, bf16);
+                    }
+                    part[(h - h0) * LANES + i] = a0;
+                    if (two) part[(h - h0) * LANES + i + 1] = a1;
                 }
             }
         }
@@ -173,18 +193,45 @@ void unit_impl(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores,
         inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int64_t c = 0; c < C; c++) acc[(h - h0) * C + c] = (v16){0};
     }
-    /* pass 2: the weighted values in slot order; masked slots (p == 0) are skipped, so a
-     * hole's bytes (never written) cannot reach the output */
-    for (int64_t s = 0; s < len; s++) {
-        if (s + ahead < len) prefetch_row(SLOT(j->v, s + ahead), row_floats);
-        const float *vr = SLOT(j->v, s) - k0 * j->head_stride;
+    /* pass 2: the weighted values, four slots at a time from slot 0 (((p0 v0 + p1 v1) +
+     * (p2 v2 + p3 v3)) added to the head's sum), the last len % 4 one by one. A masked slot
+     * (p == 0) is skipped, never multiplied, so a hole's bytes (never written) cannot reach
+     * the output: a group holding one goes one by one. */
+    int64_t s = 0;
+    for (; s + 4 <= len; s += 4) {
+        int64_t r[4];
+        for (int i = 0; i < 4; i++) {
+            if (s + i + ahead < len) prefetch_row(j->v, SLOT(s + i + ahead) + k0 * hs, row, bf16);
+            r[i] = SLOT(s + i);
+        }
         for (int64_t kvh = k0; kvh < k1; kvh++) {
-            const float *vh = vr + kvh * j->head_stride;
+            const int64_t o0 = r[0] + kvh * hs, o1 = r[1] + kvh * hs, o2 = r[2] + kvh * hs,
+                          o3 = r[3] + kvh * hs;
+            for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
+                const float *ph = scores + h * Sp + s;
+                float p0 = ph[0], p1 = ph[1], p2 = ph[2], p3 = ph[3];
+                v16 *o = acc + (h - h0) * C;
+                if (p0 != 0.0f && p1 != 0.0f && p2 != 0.0f && p3 != 0.0f) {
+                    for (int64_t c = 0; c < C; c++)
+                        o[c] += (kv16(j->v, o0 + c * LANES, bf16) * p0 + kv16(j->v, o1 + c * LANES, bf16) * p1)
+                              + (kv16(j->v, o2 + c * LANES, bf16) * p2 + kv16(j->v, o3 + c * LANES, bf16) * p3);
+                } else {
+                    const int64_t os[4] = {o0, o1, o2, o3};
+                    for (int i = 0; i < 4; i++)
+                        if (ph[i] != 0.0f)
+                            for (int64_t c = 0; c < C; c++) o[c] += kv16(j->v, os[i] + c * LANES, bf16) * ph[i];
+                }
+            }
+        }
+    }
+    for (; s < len; s++) {
+        const int64_t r0 = SLOT(s);
+        for (int64_t kvh = k0; kvh < k1; kvh++) {
             for (int64_t h = kvh * G; h < (kvh + 1) * G; h++) {
                 float p = scores[h * Sp + s];
                 if (p == 0.0f) continue;
                 v16 *o = acc + (h - h0) * C;
-                for (int64_t c = 0; c < C; c++) o[c] += load16(vh + c * LANES) * p;
+                for (int64_t c = 0; c < C; c++) o[c] += kv16(j->v, r0 + kvh * hs + c * LANES, bf16) * p;
             }
         }
     }
@@ -195,10 +242,19 @@ void unit_impl(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores,
 
 CLONES static void unit(const job_t *j, int64_t b, int64_t k0, int64_t k1, float *scores,
                         v16 *part, v16 *acc) {
-    switch (j->hd) {   /* the head sizes of the models we run; any other multiple of 16 too */
-    case 64: unit_impl(j, b, k0, k1, scores, part, acc, 64); break;
-    case 128: unit_impl(j, b, k0, k1, scores, part, acc, 128); break;
-    default: unit_impl(j, b, k0, k1, scores, part, acc, j->hd);
+    /* the head sizes of the models we run, unrolled; any other multiple of 16 too */
+    if (j->bf16) {
+        switch (j->hd) {
+        case 64: unit_impl(j, b, k0, k1, scores, part, acc, 64, 1); break;
+        case 128: unit_impl(j, b, k0, k1, scores, part, acc, 128, 1); break;
+        default: unit_impl(j, b, k0, k1, scores, part, acc, j->hd, 1);
+        }
+    } else {
+        switch (j->hd) {
+        case 64: unit_impl(j, b, k0, k1, scores, part, acc, 64, 0); break;
+        case 128: unit_impl(j, b, k0, k1, scores, part, acc, 128, 0); break;
+        default: unit_impl(j, b, k0, k1, scores, part, acc, j->hd, 0);
+        }
     }
 }
 
@@ -225,13 +281,14 @@ static void *run_units(void *arg) {
 }
 
 /* Returns 0, or -1 when memory or a thread could not be had (the caller raises). The caller
- * has checked shapes, strides, block ids < NB and 1 <= seq_lens <= nb * bs. */
-int capsule_paged_decode_f32(const float *q, const float *k, const float *v,
+ * has checked shapes, strides (in elements of the pool's dtype), block ids < NB and
+ * 1 <= seq_lens <= nb * bs. kv_bf16: the pool holds bfloat16 (else float32). */
+int capsule_paged_decode(const float *q, const void *k, const void *v, int kv_bf16,
                              int64_t blk_stride, int64_t slot_stride, int64_t head_stride,
                              const int64_t *tables, int64_t nb, const int64_t *seq_lens,
                              const uint8_t *valid, int64_t B, int64_t H, int64_t KV, int64_t hd,
                              int64_t bs, float scale, float *out, int threads) {
-    job_t base = {q, k, v, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
+    job_t base = {q, k, v, kv_bf16 != 0, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
                   B, H, KV, hd, bs, nb, scale, out, 0, 1, 0};
     int n = threads < 1 ? 1 : threads > 64 ? 64 : threads;
     if (n > B * KV) n = (int)(B * KV);

@@ -21,6 +21,7 @@ from edge_kernels.paged_decode_cpu import unsupported as decode_cpu_unsupported
 from .errors import EngineUnavailable, ModelLoadError, StoreError, TokenizerError, VocabMismatch
 from .llm import GraphRunner, KVPool, ModelInfo, load_model
 from .llm.engine import Engine
+from .llm.model import Decoder
 from .llm.engines import EngineOptions, select_llm_engine
 from .llm.streams import export_streams, import_streams
 from .memory.config import MemoryConfig
@@ -159,21 +160,27 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
     if decoder.cfg.vocab_size <= tok.max_id:
         raise VocabMismatch(f"model {source} has {decoder.cfg.vocab_size} embeddings but tokenizer "
                             f"{tok.name} emits ids up to {tok.max_id}; use the model's own tokenizer")
-    decoder.set_decode_attention(rt.decode_attention)       # before the runner captures graphs
     pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
                   dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
-    if rt.decode_attention == "cpu":
-        why = decode_cpu_unsupported(pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads,
-                                     decoder.dtype)
-        if why:
-            raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
-                                    "use decode_attention='torch'")
+    decoder.set_decode_attention(decode_attention(rt.decode_attention, decoder, pool))  # before graphs
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
                          use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda",
                          step=select_llm_engine(decoder, rt.llm_engines,
                                                 EngineOptions(rt.threads, info.weights_digest)))
     return LLMParts(Engine(runner, pool, tok, context_policy=rt.context_policy), tok, info)
+
+
+def decode_attention(setting: str, decoder: Decoder, pool: KVPool) -> str:
+    """runtime.decode_attention resolved: "auto" is "cpu" where the C kernel can read this pool
+    for this model, else "torch"; an explicit "cpu" that cannot run is an EngineUnavailable."""
+    why = decode_cpu_unsupported(pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads, decoder.dtype)
+    if setting == "auto":
+        return "torch" if why else "cpu"
+    if setting == "cpu" and why:
+        raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
+                                "use decode_attention='torch' (or 'auto')")
+    return setting
 
 
 def build_actor(policy: str | os.PathLike, profile: devices.DeviceProfile,
@@ -204,10 +211,10 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # another engine sums in another order: a capsule continues bit-exactly only under the
         # engine it was taken with (a restore under another is a CapsuleMismatch naming both)
         layout["llm_engine"] = llm.engine.runner.engine_name
-    if llm and rt.decode_attention != "torch":
-        # the Triton decode kernel sums in another order than SDPA: a capsule continues
-        # bit-exactly only under the attention it was taken with (named only when not the default)
-        layout["decode_attention"] = rt.decode_attention
+    if llm and llm.engine.runner.model.decode_attention != "torch":
+        # the decode kernels sum in another order than SDPA: a capsule continues bit-exactly only
+        # under the attention it was taken with (named only when not torch's; "auto" resolved)
+        layout["decode_attention"] = llm.engine.runner.model.decode_attention
     if llm and rt.linears != "dequantized":
         # int4 weights multiply in bf16: other logits, other K/V (named only when not the default)
         layout["linears"] = rt.linears
@@ -235,7 +242,7 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
         layout["kv_blocks"] = llm.engine.pool.num_blocks
         layout["kv_dtype"] = rt.kv_cache_dtype
         layout["llm_engine"] = llm.engine.runner.engine_name
-        layout["decode_attention"] = rt.decode_attention
+        layout["decode_attention"] = llm.engine.runner.model.decode_attention
         layout["linears"] = llm.info.linears
     if actor is not None:
         spec = actor.runner.spec
