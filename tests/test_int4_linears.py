@@ -155,12 +155,14 @@ def test_the_decode_suites_weights_table(session_gguf):
     from capsule.tools.bench.decode import robot_prompt
     from capsule.tools.bench.decode_linears import measure
     m = measure(BenchOptions(model=str(session_gguf), device="cpu", quick=True, steps=3), robot_prompt, TOKENIZER, show=False)
-    rows = {(r["linears"], r["threads"]): r for r in m["rows"]}
-    assert {lin for lin, _ in rows} == {"dequantized", "int4"} and {t for _, t in rows} >= {1}
+    rows = {(r["linears"], r["attention"], r["threads"]): r for r in m["rows"]}
+    assert {lin for lin, _, _ in rows} == {"dequantized", "int4"} and {t for _, _, t in rows} >= {1}
+    assert {(a, r["kernel"]) for (_, a, _), r in rows.items()} == {("auto", "cpu"), ("torch", "torch")}
     for r in rows.values():
         assert r["b1_ms_ctx512"] > 0 and r["b4_ms_per_token_ctx512"] > 0 and r["prefill_tokens"] >= 512
         assert 0 <= r["greedy_same_as_dequantized"] <= r["greedy_tokens"] == 5
-    assert rows[("dequantized", 1)]["greedy_same_as_dequantized"] == 5
+    assert rows[("dequantized", "auto", 1)]["greedy_same_as_dequantized"] == 5
+    assert set(m["greedy"]) == {f"{lin}/{t}" for lin, _, t in rows}   # the default attention's
     d = m["deviation"]
     assert d["prompt_tokens"] == 256 and 0 < d["max_abs_logit_dev"] and d["max_dev_over_max_logit"] < 0.05
     assert "skipped" in measure(BenchOptions(model="builtin:tiny", device="cpu", quick=True), robot_prompt, TOKENIZER, show=False)

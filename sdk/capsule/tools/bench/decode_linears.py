@@ -1,9 +1,10 @@
 """The decode suite's weights table: a quantized GGUF's layers multiplied dequantized (float32, the
-default) vs kept int4 (``runtime={"linears": "int4"}``, capsule.llm.int4_linear), at 1 and 2
-threads: prefill tokens/s, decode ms/token at batch 1 per context, batch 4 per token and its
+default) vs kept int4 (``runtime={"linears": "int4"}``, capsule.llm.int4_linear), each with the
+default decode attention ("auto": the C kernel on CPU) and with torch's (gather + SDPA), at 1 and
+2 threads: prefill tokens/s, decode ms/token at batch 1 per context, batch 4 per token and its
 ratio to batch 1, and how far int4's logits are from the dequantized model's.
 
-Each (linears, threads) cell is a fresh Session; cells are interleaved rep by rep so drift and the
+Each (linears, attention, threads) cell is a fresh Session; cells are interleaved rep by rep so drift and the
 neighbours' load fall on all alike, after an untimed warm-up of the same shapes. Skipped (with
 the reason recorded) for a model with no Q4_0 / Q4_1 layer, and off CPU.
 """
@@ -24,6 +25,7 @@ from . import BenchOptions
 from .timing import make_clock, percentile, progress, step_probe
 
 LINEARS = ("dequantized", "int4")
+ATTENTION = ("auto", "torch")    # runtime.decode_attention: the default, and torch's for comparison
 THREADS = (1, 2)
 CONTEXTS, QUICK_CONTEXTS = (512, 2048), (512,)
 BATCH = 4
@@ -91,8 +93,9 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
             show: bool = True) -> dict[str, Any]:
-    """Rows per (linears, threads), the deviation, and each cell's greedy ids at the first context
-    ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot load."""
+    """Rows per (linears, attention, threads), the deviation, and the default attention's greedy
+    ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot
+    load."""
     contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
     steps = opts.steps or (QUICK_STEPS if opts.quick else STEPS)
     steps = min(steps, QUICK_STEPS if opts.quick else STEPS)
@@ -101,20 +104,23 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
         dev = deviation(opts.model, tokenizer, prompt)
     except ModelLoadError as exc:
         return {"skipped": str(exc)}
-    cells = [(lin, t) for lin in LINEARS for t in THREADS if t <= (os.cpu_count() or 1)]
-    got: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in cells}
+    cells = [(lin, att, t) for lin in LINEARS for att in ATTENTION for t in THREADS
+             if t <= (os.cpu_count() or 1)]
+    got: dict[tuple[str, str, int], list[dict[str, Any]]] = {c: [] for c in cells}
     before = torch.get_num_threads()   # process-wide: give it back afterwards
-    bar = progress(len(cells) * (reps + 1), "linears x threads", show, unit="rep")
+    bar = progress(len(cells) * (reps + 1), "linears x attention x threads", show, unit="rep")
+    kinds: dict[str, str] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="capsule-bench-linears-") as tmp:
-            sessions = {(lin, t): Session.open(Path(tmp) / f"{lin}-{t}", model=opts.model, tokenizer=tokenizer,
-                                               device="cpu", runtime={"threads": t, "linears": lin,
-                                                                      "kv_pool_mb": KV_POOL_MB})
-                        for lin, t in cells}
+            sessions = {(lin, att, t): Session.open(
+                Path(tmp) / f"{lin}-{att}-{t}", model=opts.model, tokenizer=tokenizer, device="cpu",
+                runtime={"threads": t, "linears": lin, "decode_attention": att, "kv_pool_mb": KV_POOL_MB})
+                for lin, att, t in cells}
+            kinds = {att: s.engine.runner.model.decode_attention for (_, att, _), s in sessions.items()}
             try:
                 for r in range(-1, reps):      # rep -1: the untimed warm-up
                     for c, s in sessions.items():
-                        torch.set_num_threads(c[1])
+                        torch.set_num_threads(c[2])
                         cell = _cell(s, r, contexts, steps, prompt)
                         if r >= 0:
                             got[c].append(cell)
@@ -125,18 +131,21 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
     finally:
         torch.set_num_threads(before)
         bar.close()
-    return {"rows": _rows(got, contexts), "deviation": dev, "cores": os.cpu_count(),
-            "greedy": {f"{lin}/{t}": cells[0]["ids"] for (lin, t), cells in got.items()},
+    return {"rows": _rows(got, contexts, kinds), "deviation": dev, "cores": os.cpu_count(),
+            "greedy": {f"{lin}/{t}": cells[0]["ids"] for (lin, att, t), cells in got.items()
+                       if att == ATTENTION[0]},
             "load_average_1m": _load(), "reps": reps, "steps": steps}
 
 
-def _rows(got: dict[tuple[str, int], list[dict[str, Any]]], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
+def _rows(got: dict[tuple[str, str, int], list[dict[str, Any]]], contexts: tuple[int, ...],
+          kinds: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per cell; "attention" is the setting, "kernel" what it resolved to."""
     def ms(v: list[float], per: int = 1) -> float | None:
         return percentile(v, 50) * 1e3 / per if v else None
     rows = []
-    for (lin, t), cells in got.items():
-        base = got[("dequantized", t)][0]["ids"]
-        row: dict[str, Any] = {"linears": lin, "threads": t,
+    for (lin, att, t), cells in got.items():
+        base = got[("dequantized", att, t)][0]["ids"]
+        row: dict[str, Any] = {"linears": lin, "attention": att, "kernel": kinds.get(att, att), "threads": t,
                                "prefill_tokens": cells[0]["prefill"][0],
                                "prefill_tokens_per_s": cells[0]["prefill"][0]
                                / statistics.median(c["prefill"][1] for c in cells)}
@@ -170,6 +179,6 @@ def report(opts: BenchOptions, results: dict[str, Any], tables: dict[str, list[d
     if "skipped" in m:
         return
     load = m["load_average_1m"]
-    tables[f"weights: dequantized vs int4 ({m['cores']} cores, load average "
+    tables[f"weights x decode attention: dequantized vs int4, auto vs torch ({m['cores']} cores, load average "
            f"{'n/a' if load is None else f'{load:.2f}'} at the start)"] = m["rows"]
     tables["int4 logits vs the dequantized model's"] = [m["deviation"]]

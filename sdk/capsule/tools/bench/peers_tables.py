@@ -31,7 +31,8 @@ def _lead(a: list[int], b: list[int]) -> int:
 
 
 def _decode_rows(res: dict[str, Any], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
-    ours = {(r["linears"], r["threads"]): r for r in res["capsule_decode"].get("rows", [])}
+    ours = {(r["linears"], r["threads"]): r for r in res["capsule_decode"].get("rows", [])
+            if r.get("attention", decode_linears.ATTENTION[0]) == decode_linears.ATTENTION[0]}
     peer = res.get("llama_decode", {})
     rows = []
     for lin, w in PAIRS:
