@@ -164,3 +164,44 @@ def test_auto_picks_the_kernel_where_it_runs_and_torch_elsewhere(tmp_path):
         assert s.engine.runner.model.decode_attention == "torch"
         s.append("user: hello robot\nassistant:")
         assert isinstance(s.generate(2), str)
+
+
+def test_auto_continues_a_capsule_under_the_attention_it_was_taken_with(tmp_path, caplog):
+    """A capsule taken under torch's attention (an SDK from before the kernel, or "torch" asked
+    for) restores into a default ("auto") Session, which goes on under torch's attention: the
+    continuation equals the uninterrupted one token for token. An explicit "cpu" still refuses."""
+    path = tmp_path / "s"
+    rt = {**RT, "decode_attention": "torch"}
+    with Session.open(path, device="cpu", model="builtin:tiny", runtime=rt) as s:
+        s.append("user: " + "where is the charger? " * 6 + "\nassistant:")
+        s.generate(4)
+        s.checkpoint()
+        at_checkpoint = s.tokens()
+        s.generate(16)
+        uninterrupted = s.tokens()
+    caplog.set_level("INFO", logger="capsule")
+    with Session.open(path, device="cpu", model="builtin:tiny", runtime=RT) as s:   # auto
+        assert s.engine.runner.model.decode_attention == "torch"
+        assert s.tokens() == at_checkpoint
+        s.generate(16)
+        assert s.tokens() == uninterrupted
+        s.checkpoint()                                   # new capsules name torch's attention too
+    assert "taken under decode attention 'torch'" in caplog.text
+    with pytest.raises(CapsuleMismatch, match="decode_attention=torch != session decode_attention=cpu"):
+        Session.open(path, device="cpu", model="builtin:tiny", runtime={**RT, "decode_attention": "cpu"})
+    # a fresh start under auto picks the kernel again
+    with Session.open(tmp_path / "fresh", device="cpu", model="builtin:tiny", runtime=RT) as s:
+        assert s.engine.runner.model.decode_attention == "cpu"
+    with Session.open(path, device="cpu", model="builtin:tiny", runtime=RT, restore=False) as s:
+        assert s.engine.runner.model.decode_attention == "cpu" and s.restored_epoch is None
+
+
+def test_auto_does_not_hide_another_mismatch(tmp_path):
+    path = tmp_path / "s"
+    with Session.open(path, device="cpu", model="builtin:tiny", runtime={**RT, "decode_attention": "torch"}) as s:
+        s.append("user: hello robot\nassistant:")
+        s.generate(2)
+        s.checkpoint()
+    # another max_context: no attention makes it match, and the first refusal is what is raised
+    with pytest.raises(CapsuleMismatch, match="max_context"):
+        Session.open(path, device="cpu", model="builtin:tiny", runtime={**RT, "max_context": 512})
