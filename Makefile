@@ -47,7 +47,8 @@ bench: $(STAMP)
 
 # the SDK's wheel (capsule, devices, edge_kernels) into dist/, for packaging/jetson/Dockerfile
 wheel: $(STAMP)
-	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	# pure Python (py3-none-any) for the Jetson image: no CPU decode kernel (setup.py)
+	CAPSULE_CPU_KERNEL=0 $(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 # on a machine with a CUDA GPU, with its own python3 (a venv with a CPU torch would hide the GPU)
 gpu-check:

@@ -3,10 +3,16 @@
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the
 install still succeeds and the decoder keeps its torch attention (the kernel's `missing()`
 says why). It has no Python API (ctypes loads it), so it needs no Python headers.
+CAPSULE_CPU_KERNEL=0 leaves it out: `make wheel` builds the pure-Python wheel the Jetson image
+installs (a CUDA device decodes with torch's or Triton's attention, never this kernel).
 """
+import os
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
+KERNEL = Extension(
     "edge_kernels._paged_decode_cpu", ["edge_kernels/csrc/paged_decode_cpu.c"],
     extra_compile_args=["-O3", "-std=c11", "-pthread", "-fno-math-errno", "-Wno-psabi"],
-    extra_link_args=["-pthread"], libraries=["m"], optional=True)])
+    extra_link_args=["-pthread"], libraries=["m"], optional=True)
+
+setup(ext_modules=[] if os.environ.get("CAPSULE_CPU_KERNEL", "1") == "0" else [KERNEL])
