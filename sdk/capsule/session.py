@@ -34,7 +34,7 @@ from .llm import ModelInfo
 from .llm.engine import Engine
 from .memory.facts import Fact, Memory, MemoryConfig
 from .policy.actor import Actor
-from .restore_attention import restore_under_capsule_attention
+from .session_attention import restore_under_capsule_attention
 from .session_gate import CapsuleGate
 from .session_host import HostPart
 from .session_llm import LLMPart, generate_args, guarded
