@@ -205,3 +205,18 @@ def test_auto_does_not_hide_another_mismatch(tmp_path):
     # another max_context: no attention makes it match, and the first refusal is what is raised
     with pytest.raises(CapsuleMismatch, match="max_context"):
         Session.open(path, device="cpu", model="builtin:tiny", runtime={**RT, "max_context": 512})
+
+
+def test_the_doctor_checks_the_kernel(monkeypatch, tmp_path):
+    from capsule.tools.doctor import FAILED, MISSING, OK, probe_decode_kernel
+    check = probe_decode_kernel(tmp_path)
+    assert check.status == OK and "max |diff|" in check.reason, check
+    monkeypatch.setattr(paged_decode_cpu, "missing", lambda: "no C compiler at install")
+    check = probe_decode_kernel(tmp_path)
+    assert check.status == MISSING and "no C compiler at install" in check.reason
+    monkeypatch.undo()
+    # a kernel that reads one slot too few is caught
+    real = paged_decode_cpu.paged_decode_attention_cpu
+    monkeypatch.setattr(paged_decode_cpu, "paged_decode_attention_cpu",
+                        lambda q, k, v, t, lens, *a, **kw: real(q, k, v, t, lens - 1, *a, **kw))
+    assert probe_decode_kernel(tmp_path).status == FAILED

@@ -86,6 +86,32 @@ def probe_torch_cpu(work: Path) -> list[Check]:
                   f"{torch.get_num_threads()} threads)"), load]
 
 
+def probe_decode_kernel(work: Path) -> Check:
+    """The C paged decode kernel ("auto" decode attention on CPU) against torch's attention on a
+    small pool with holes; MISSING (saying why) where the install could not build it."""
+    import torch
+
+    from edge_kernels.paged_decode_cpu import missing, paged_decode_attention_cpu
+
+    from ..llm.paged_attention import paged_attention
+
+    why = missing()
+    if why:
+        return Check("decode kernel", MISSING, "-", f"{why}; decode attention 'auto' uses torch's")
+    g = torch.Generator().manual_seed(0)
+    pool = torch.randn(8, 1, 2, 16, 2, 64, generator=g)          # (NB, L, 2, bs, KV, hd)
+    q = torch.randn(2, 4, 64, generator=g)                        # (B, H, hd)
+    tables, lens = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([40, 7])
+    valid = torch.ones(8, 16, dtype=torch.bool)
+    valid[2, 3:9] = False
+    want = paged_attention(q.unsqueeze(1), pool[:, 0, 0], pool[:, 0, 1], tables, (lens - 1).view(2, 1),
+                           0.125, valid[tables].view(2, -1))[:, 0]
+    got = paged_decode_attention_cpu(q, pool[:, 0, 0], pool[:, 0, 1], tables, lens, 0.125, valid)
+    err = (got - want).abs().max().item()
+    return Check("decode kernel", OK if err < 1e-5 else FAILED, "C",
+                 f"paged decode attention vs torch's: max |diff| {err:.1e} (decode attention 'auto' uses it on CPU)")
+
+
 def _no_cuda(name: str) -> Check | None:
     import torch
 
@@ -234,10 +260,11 @@ def probe_llm_tensorrt(work: Path) -> Check:
 
 
 def default_probes() -> list[tuple[str, Probe]]:
-    """torch itself (it runs the LLM), each registered policy engine's probe, the policy path,
-    then the LLM engines besides torch."""
+    """torch itself (it runs the LLM) and the C decode kernel, each registered policy engine's
+    probe, the policy path, then the LLM engines besides torch."""
     engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
-    return [("torch cpu", probe_torch_cpu), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
+    return [("torch cpu", probe_torch_cpu), ("decode kernel", probe_decode_kernel),
+            ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
             *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime),
             ("llm tensorrt", probe_llm_tensorrt)]
 
