@@ -98,8 +98,7 @@ class DecodePlan:
             raise ValueError(f"seq_lens must lie in 1..{nb * block_size} (the table's slots), got "
                              f"{int(self.lens.min())}..{int(self.lens.max())}")
         self.valid = None if slot_valid is None else slot_valid.contiguous().view(torch.uint8)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.threads = threads
+        self.block_size, self.threads = block_size, threads
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  scale: float) -> torch.Tensor:
@@ -128,8 +127,6 @@ def check_layer(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -
     if q.dtype != torch.float32 or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"q must be fp32 and v_cache of k_cache's dtype, got {q.dtype}, "
                          f"{k_cache.dtype} / {v_cache.dtype}")
-    if k_cache.shape[1] & (k_cache.shape[1] - 1):
-        raise ValueError(f"the block size must be a power of two, got {k_cache.shape[1]}")
     if k_cache.stride()[1:] != (KV * hd, hd, 1) or v_cache.stride() != k_cache.stride():
         raise ValueError(f"k/v caches need (KV, hd) contiguous per slot and one layout, got strides "
                          f"{k_cache.stride()} / {v_cache.stride()}")
@@ -143,9 +140,10 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
     q: (B, H, hd) or (B, 1, H, hd) fp32; k_cache, v_cache: (NB, bs, KV, hd) fp32 or bf16 views of one
     layer of the pool (any block stride; each slot's (KV, hd) contiguous, as the pool's are);
-    block_tables, seq_lens, slot_valid, threads: as DecodePlan takes them; each row runs on one
-    thread (each (row, kv head) when there are fewer rows than threads). Returns q's shape. ValueError on bad arguments, RuntimeError when the
-    kernel is missing or could not get memory. A decoder builds one DecodePlan per step instead."""
+    block_tables, seq_lens, slot_valid, threads: as DecodePlan takes them (which checks the block
+    size too); each row runs on one thread (each (row, kv head) when there are fewer rows than
+    threads). Returns q's shape. ValueError on bad arguments, RuntimeError when the kernel is
+    missing or could not get memory. A decoder builds one DecodePlan per step instead."""
     squeeze, q = decode_args(q, k_cache, v_cache, block_tables, seq_lens, slot_valid)
     check_layer(q, k_cache, v_cache)
     plan = DecodePlan(block_tables, seq_lens, slot_valid, k_cache.shape[0], k_cache.shape[1],

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from capsule.errors import CapsuleMismatch, EngineUnavailable
-from capsule.llm.paged_attention import paged_attention
 from capsule.session import Session
 from edge_kernels import paged_decode_cpu
 from edge_kernels.paged_decode_cpu import paged_decode_attention_cpu
 
-H, KV, HD, BS, NB, NBLK = 9, 3, 64, 16, 24, 6        # GQA: 3 query heads per kv head
+from paged_cases import BS, HD, H, NB, NBLK, paged_case, paged_reference
+
 RT = {"kv_pool_mb": 16, "max_context": 1024}
 
 
@@ -23,25 +23,10 @@ def test_the_kernel_was_built_with_the_package():
 
 
 def _case(seed: int = 0, hd: int = HD, dtype: torch.dtype = torch.float32) -> dict:
-    """A pool of 2 layers, 3 rows of different live lengths (1, across a block edge, full)."""
-    g = torch.Generator().manual_seed(seed)
-    lens = [1, 37, NBLK * BS]
-    pool = torch.randn(NB, 2, 2, BS, KV, hd, generator=g).to(dtype)
-    tables = torch.randperm(NB - 1, generator=g)[:len(lens) * NBLK].add(1).view(len(lens), NBLK)
-    valid = torch.ones(NB, BS, dtype=torch.bool)
-    valid[tables[1, 0], 2:7] = False                   # holes (memory regions) inside live ranges
-    valid[tables[2, 3]] = False                        # a wholly empty block
-    q = torch.randn(len(lens), H, hd, generator=g)     # (B, H, hd)
-    return dict(q=q, pool=pool, k=pool[:, 1, 0], v=pool[:, 1, 1], tables=tables,
-                lens=torch.tensor(lens, dtype=torch.int32), valid=valid)
+    return paged_case(pool_dtype=dtype, seed=seed, hd=hd)
 
 
-def _reference(c: dict, holes: bool) -> torch.Tensor:
-    B = c["q"].shape[0]
-    key_valid = c["valid"][c["tables"]].view(B, -1) if holes else None            # (B, S)
-    positions = (c["lens"].long() - 1).view(B, 1)
-    return paged_attention(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"], positions,
-                           c["q"].shape[-1] ** -0.5, key_valid)[:, 0]           # (B, H, hd)
+_reference = paged_reference
 
 
 def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:

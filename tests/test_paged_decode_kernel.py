@@ -15,11 +15,11 @@ import torch
 from capsule.llm.paged_attention import paged_attention
 from edge_kernels import paged_decode
 from edge_kernels.paged_decode import paged_decode_attention
+from paged_cases import BS, HD, H, KV, NB, paged_case, paged_reference
 
 # triton is in the test extra: a missing one fails these tests, it does not skip them
 assert importlib.util.find_spec("triton") is not None, \
     "triton is not installed: pip install -e '.[test]' (the test extra lists it)"
-H, KV, HD, BS, NB, NBLK = 9, 3, 64, 16, 24, 6        # GQA 3 query heads per kv head
 
 
 @pytest.fixture
@@ -27,28 +27,7 @@ def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _case(device: str = "cpu", pool_dtype: torch.dtype = torch.float32,
-          q_dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
-    """A pool of 2 layers, 3 rows of different live lengths (1, across a block edge, full)."""
-    g = torch.Generator().manual_seed(seed)
-    lens = [1, 37, NBLK * BS]
-    pool = torch.randn(NB, 2, 2, BS, KV, HD, generator=g).to(device, pool_dtype)
-    tables = torch.randperm(NB - 1, generator=g)[:len(lens) * NBLK].add(1).view(len(lens), NBLK)
-    valid = torch.ones(NB, BS, dtype=torch.bool)
-    valid[tables[1, 0], 2:7] = False                   # holes (memory regions) inside live ranges
-    valid[tables[2, 3]] = False                        # a wholly empty block
-    q = torch.randn(len(lens), H, HD, generator=g).to(device, q_dtype)  # (B, H, hd)
-    return dict(q=q, k=pool[:, 1, 0], v=pool[:, 1, 1],   # strided (NB, bs, KV, hd) views
-                tables=tables.to(device), lens=torch.tensor(lens, dtype=torch.int32, device=device),
-                valid=valid.to(device))
-
-
-def _reference(c: dict, holes: bool) -> torch.Tensor:
-    B = c["q"].shape[0]
-    key_valid = c["valid"][c["tables"]].view(B, -1) if holes else None            # (B, S)
-    positions = (c["lens"].long() - 1).view(B, 1)
-    return paged_attention(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"], positions,
-                           HD ** -0.5, key_valid)[:, 0]                          # (B, H, hd)
+_case, _reference = paged_case, paged_reference   # (device, pool dtype, q dtype, seed), (case, holes)
 
 
 def _reference32(c: dict) -> torch.Tensor:

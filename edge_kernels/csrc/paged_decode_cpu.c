@@ -30,7 +30,7 @@ typedef struct {
     const float *q;                 /* (B, H, hd) */
     const void *k, *v;              /* the layer's K and V of block 0, slot 0, head 0 */
     int bf16;                       /* 1: K/V are bfloat16, 0: float32 */
-    int64_t blk_stride, slot_stride, head_stride;   /* in floats; hd is contiguous */
+    int64_t blk_stride, slot_stride, head_stride;   /* in elements of the pool; hd is contiguous */
     const int64_t *tables;          /* (B, nb) */
     const int64_t *seq_lens;        /* (B,) */
     const uint8_t *valid;           /* (NB, bs) or NULL */

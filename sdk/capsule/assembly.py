@@ -174,10 +174,12 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
 def decode_attention(setting: str, decoder: Decoder, pool: KVPool) -> str:
     """runtime.decode_attention resolved: "auto" is "cpu" where the C kernel can read this pool
     for this model, else "torch"; an explicit "cpu" that cannot run is an EngineUnavailable."""
+    if setting not in ("auto", "cpu"):
+        return setting
     why = decode_cpu_unsupported(pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads, decoder.dtype)
     if setting == "auto":
         return "torch" if why else "cpu"
-    if setting == "cpu" and why:
+    if why:
         raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
                                 "use decode_attention='torch' (or 'auto')")
     return setting

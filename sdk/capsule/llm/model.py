@@ -24,8 +24,9 @@ from .rope import apply_rope, rope_tables
 
 # decode (T == 1) attention, DECODE_ATTENTION: "torch" gathers every block of the table
 # (paged_attention); "triton" reads only each row's live slots (edge_kernels.paged_decode);
-# "cpu" does the same in C on a CPU fp32 pool (edge_kernels.paged_decode_cpu).
-# "torch" stays the default until a GPU run has checked the kernel (packaging/gpu_check.py).
+# "cpu" does the same in C on a CPU fp32 or bf16 pool (edge_kernels.paged_decode_cpu), what
+# runtime.decode_attention "auto" picks on CPU. "triton" stays opt-in until a GPU run has
+# checked it (packaging/gpu_check.py).
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
