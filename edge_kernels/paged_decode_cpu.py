@@ -47,6 +47,10 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
             fn.restype = ctypes.c_int
             fn.argtypes = [_P, _P, _P, ctypes.c_int, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
                            ctypes.c_float, _P, ctypes.c_int]
+            fn = lib.capsule_decode_layer
+            fn.restype = ctypes.c_int
+            fn.argtypes = [_P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _P, ctypes.c_int, _I, _I, _I,
+                           _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, ctypes.c_int]
             return lib, None
     return None, (f"the CPU decode kernel ({_LIB}) was not built with the package (no C compiler "
                   "at install?): install gcc and reinstall (pip install -e .)")
@@ -76,7 +80,9 @@ class DecodePlan:
 
     block_tables: (B, nb) int; seq_lens: (B,) int, 1 <= seq_lens <= nb * bs; slot_valid: the
     pool's (NB, bs) bool mask, or None; num_blocks / block_size: the pool's NB and bs (a power
-    of two). ValueError when a block id or a length would read outside the pool.
+    of two). ValueError when a block id or a length would read outside the pool. With
+    ``slots`` (B,) (each row's new slot, block * bs + offset) and ``rope`` ((B, hd) cos and sin
+    at each row's position), ``layer`` also rotates q and k and writes the new K/V.
 
     threads: the kernel's own threads (pthreads started per call). 1 by default: between torch's
     parallel ops its OpenMP workers spin on the other cores, and kernel threads compete with them
@@ -85,7 +91,8 @@ class DecodePlan:
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  slot_valid: torch.Tensor | None, num_blocks: int, block_size: int, *,
-                 threads: int = 1) -> None:
+                 slots: torch.Tensor | None = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, threads: int = 1) -> None:
         if block_size < 1 or block_size & (block_size - 1):
             raise ValueError(f"the block size must be a power of two, got {block_size}")
         self.tables = block_tables.to(torch.int64).contiguous()                # (B, nb)
@@ -99,6 +106,13 @@ class DecodePlan:
                              f"{int(self.lens.min())}..{int(self.lens.max())}")
         self.valid = None if slot_valid is None else slot_valid.contiguous().view(torch.uint8)
         self.block_size, self.threads = block_size, threads
+        self.slots = self.cos = self.sin = None
+        if slots is not None and rope is not None:
+            self.slots = slots.to(torch.int64).contiguous()                    # (B,)
+            if self.slots.shape != (B,) or (B and (int(self.slots.min()) < 0
+                                                   or int(self.slots.max()) >= num_blocks * block_size)):
+                raise ValueError(f"slots must be {B} slot ids in 0..{num_blocks * block_size - 1}")
+            self.cos, self.sin = (t.to(torch.float32).contiguous() for t in rope)   # (B, hd) each
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  scale: float) -> torch.Tensor:
@@ -109,6 +123,37 @@ class DecodePlan:
         out = torch.empty_like(q)                                               # (B, H, hd)
         rc = _library()[0].capsule_paged_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16,
+            k_cache.stride(0), KV * hd, hd,
+            self.tables.data_ptr(), self.tables.shape[1], self.lens.data_ptr(),
+            None if self.valid is None else self.valid.data_ptr(),
+            B, H, KV, hd, self.block_size, float(scale), out.data_ptr(), self.threads)
+        if rc != 0:
+            raise RuntimeError("the CPU paged decode kernel could not allocate its scratch or threads")
+        return out
+
+
+    def layer(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, scale: float) -> torch.Tensor:
+        """A layer's decode attention from its projections, in one C call: RoPE on q (B, H, hd)
+        and k (B, KV, hd), k and v (B, KV, hd) written to the plan's slots (rounded to the
+        pool's dtype), then attention as __call__. Bit-identical to rope.apply_rope +
+        paged_attention.write_kv + __call__. q, k, v: fp32, each row's heads contiguous (views
+        of a fused projection are fine); the caches as __call__ takes them."""
+        if self.slots is None or self.cos is None or self.sin is None:
+            raise ValueError("this DecodePlan was built without slots and rope tables")
+        B, H, hd = q.shape
+        KV = k.shape[1]
+        for name, t, heads in (("q", q, H), ("k", k, KV), ("v", v, KV)):
+            if (t.shape != (B, heads, hd) or t.dtype != torch.float32
+                    or t.stride()[1:] != (hd, 1) or self.cos.shape != (B, hd)):
+                raise ValueError(f"{name} must be fp32 ({B}, {heads}, {hd}) with contiguous heads "
+                                 f"(and cos / sin ({B}, {hd})), got {tuple(t.shape)} {t.dtype} "
+                                 f"strides {t.stride()}")
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)        # (B, H, hd)
+        rc = _library()[0].capsule_decode_layer(
+            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            self.cos.data_ptr(), self.sin.data_ptr(), self.slots.data_ptr(),
+            k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16,
             k_cache.stride(0), KV * hd, hd,
             self.tables.data_ptr(), self.tables.shape[1], self.lens.data_ptr(),
             None if self.valid is None else self.valid.data_ptr(),

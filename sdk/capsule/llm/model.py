@@ -25,9 +25,11 @@ from .rope import apply_rope, rope_tables
 # decode (T == 1) attention, DECODE_ATTENTION: "torch" gathers every block of the table
 # (paged_attention); "triton" reads only each row's live slots (edge_kernels.paged_decode);
 # "cpu" does the same in C on a CPU fp32 or bf16 pool (edge_kernels.paged_decode_cpu), what
-# runtime.decode_attention "auto" picks on CPU. "triton" stays opt-in until a GPU run has
-# checked it (packaging/gpu_check.py).
-DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# runtime.decode_attention "auto" picks on CPU, and rotates q and k and writes the new K/V in
+# the same call. "triton" stays opt-in until a GPU run has checked it (packaging/gpu_check.py).
+# A DecodeKernel: (q, k, v pre-RoPE, k_cache, v_cache) -> attention (B, 1, H, hd), the new
+# K/V written into the step's slots.
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -134,20 +136,28 @@ class Decoder(nn.Module):
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.head_weight()) if self.head is None else self.head(h)
 
-    def _decode_kernel(self, positions: torch.Tensor, block_tables: torch.Tensor,
-                       kv_pool: torch.Tensor, slot_valid: torch.Tensor | None) -> DecodeKernel | None:
-        """The step's decode attention (q (B, H, hd), k_cache, v_cache) -> (B, 1, H, hd), its
-        rows set up once for every layer; None: the torch path (paged_attention)."""
+    def _decode_kernel(self, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                       block_tables: torch.Tensor, kv_pool: torch.Tensor, slot_valid: torch.Tensor | None,
+                       cos: torch.Tensor, sin: torch.Tensor) -> DecodeKernel | None:
+        """The step's decode attention, its rows set up once for every layer (see DecodeKernel);
+        None: the torch path (paged_attention)."""
         B, H, hd = positions.shape[0], self.cfg.num_heads, self.cfg.head_dim
         # seq_lens on the device, so a captured graph replays the Triton kernel unchanged
         seq_lens = positions[:, 0] + 1                                             # (B,)
         if self.decode_attention == "triton":
             lens32 = seq_lens.to(torch.int32)
-            return lambda q, k, v: paged_decode_attention(q.view(B, 1, H, hd), k, v, block_tables,
-                                                          lens32, self.scale, slot_valid)
+
+            def triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor) -> torch.Tensor:
+                write_kv(k_cache, v_cache, slot_mapping, apply_rope(k, cos, sin), v)
+                return paged_decode_attention(apply_rope(q, cos, sin).view(B, 1, H, hd), k_cache, v_cache,
+                                              block_tables, lens32, self.scale, slot_valid)
+            return triton
         if self.decode_attention == "cpu":   # pool and dtype checked when the Session was built
-            plan = DecodePlan(block_tables, seq_lens, slot_valid, kv_pool.shape[0], kv_pool.shape[3])
-            return lambda q, k, v: plan(q.reshape(B, H, hd).contiguous(), k, v, self.scale).view(B, 1, H, hd)
+            plan = DecodePlan(block_tables, seq_lens, slot_valid, kv_pool.shape[0], kv_pool.shape[3],
+                              slots=slot_mapping, rope=(cos, sin))
+            return lambda q, k, v, k_cache, v_cache: plan.layer(q, k, v, k_cache, v_cache,
+                                                                self.scale).view(B, 1, H, hd)
         return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -179,7 +189,7 @@ class Decoder(nn.Module):
                        + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
         # one query per row over a full table (graph decode): the kernel reads slots 0..position
         # of each row, minus the holes, with no mask; on the device, so a graph replays it as is
-        kernel = (self._decode_kernel(positions, block_tables, kv_pool, slot_valid)
+        kernel = (self._decode_kernel(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin)
                   if T == 1 and block_pos is None and segments is None else None)
         # the same for every layer: built once per forward
         mask = None if kernel is not None else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
@@ -196,13 +206,13 @@ class Decoder(nn.Module):
                 k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
             if capture is not None:
                 capture.append((k, v))
-            q = apply_rope(q, cos, sin)                                        # (N, H, hd)
-            k = apply_rope(k, cos, sin)                                        # (N, KV, hd)
             k_cache, v_cache = kv_pool[:, i, 0], kv_pool[:, i, 1]             # (NB, bs, KV, hd)
-            write_kv(k_cache, v_cache, slot_mapping, k, v)
-            if kernel is not None:
-                att = kernel(q, k_cache, v_cache)                                # (B, 1, H, hd)
+            if kernel is not None:   # decode: RoPE, the K/V write and attention in one call
+                att = kernel(q, k, v, k_cache, v_cache)                          # (B, 1, H, hd)
             else:
+                q = apply_rope(q, cos, sin)                                    # (N, H, hd)
+                k = apply_rope(k, cos, sin)                                    # (N, KV, hd)
+                write_kv(k_cache, v_cache, slot_mapping, k, v)
                 att = paged_attention(q.view(B, T, H, hd), k_cache, v_cache, block_tables, positions,
                                       self.scale, mask=mask, segments=segments)  # (B, T, H, hd)
             x = x + lin.o(att.reshape(B, T, H * hd))
