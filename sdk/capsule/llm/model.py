@@ -59,8 +59,16 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_FUSED_RMS_NORM = hasattr(F, "rms_norm")   # torch >= 2.4
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # normalize in fp32 and cast back, as transformers' LlamaRMSNorm does
+    # normalize in fp32 and cast back, as transformers' LlamaRMSNorm does. On CPU fp32, torch's
+    # own F.rms_norm is the same operators in one call (bit-identical: tests/test_rms_norm.py),
+    # ~6 fewer per norm, 61 norms a step; elsewhere (bf16 / fp16 round differently, CUDA has
+    # its own kernel) the operators are spelled out
+    if _FUSED_RMS_NORM and x.dtype == torch.float32 and weight.dtype == torch.float32 and not x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)

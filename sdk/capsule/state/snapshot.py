@@ -111,10 +111,18 @@ class Snapshotter:
 
     def _kv_pages(self, blocks: list[int], copy: bool) -> Iterator[Page]:
         """The blocks' pages, one staging chunk at a time; copy=False yields views into the
-        staging buffer, valid until the next chunk is asked for."""
+        staging buffer, valid until the next chunk is asked for (on CPU: views of the pool)."""
         if not blocks:
             return
         pool = self.registry[KV_REGION].tensor                               # (NB, L, 2, bs, KV, hd)
+        if not copy and pool.device.type == "cpu":   # a region is contiguous (RegionRegistry)
+            # each block is one contiguous byte range of the pool: the store reads it in place
+            # (written at once, before the pool changes), no staging copy (a full checkpoint of
+            # 80 MB of K/V spent 17 of its 112 ms gathering blocks into the staging buffer)
+            rows = pool.view(pool.shape[0], -1).view(torch.uint8).numpy()         # (NB, block bytes)
+            for b in blocks:
+                yield KV_REGION, b, rows[b]
+            return
         stage, host = self._staging(pool)
         per = stage.shape[0]
         for lo in range(0, len(blocks), per):
