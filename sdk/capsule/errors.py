@@ -57,3 +57,8 @@ class UnknownStream(CapsuleError, KeyError):
 
 class ChatTemplateError(TokenizerError):
     """A model's chat template is missing, too large, or failed to render (the message names the model)."""
+
+
+class LiteUnsupported(CapsuleError):
+    """The torch-free restore (``capsule.lite``) cannot continue this capsule; the message says
+    why and what to do (usually: open the Session, which can)."""

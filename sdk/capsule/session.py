@@ -273,6 +273,15 @@ class Session:
         """
         return self._gate.checkpoint(wait, name, defer)
 
+    def write_lite_kit(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the restore kit that lets a process without torch continue this setup's
+        capsules greedily (``capsule.lite.LiteResume``); default path ``<store>.kit``. Needs the
+        onnxruntime LLM engine on CPU (LiteUnsupported otherwise). Valid for every capsule of
+        this setup: write it once, again after a change of model, tokenizer or runtime."""
+        from .llm.lite_kit import write_kit
+        self._llm()
+        return write_kit(self, path)
+
     def flush(self) -> None:
         """Block until every checkpoint(wait=False) so far is durable (a deferred one included)."""
         self._gate.flush()

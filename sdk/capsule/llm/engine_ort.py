@@ -1,7 +1,9 @@
 """Decoder steps run by ONNX Runtime, reading and writing the registered KV pool in place.
 
 ``OrtStep(model)(...)`` has ``Decoder.forward``'s contract (``runner.StepEngine``) and returns
-the same hidden states (within fp32 rounding: ~1e-6); the sampler and the LM head stay torch.
+the same hidden states (within fp32 rounding: ~1e-6). The LM head runs here too
+(``OrtStep.head``, one Gemm graph): a torch-free restore (``capsule.lite``) runs the same two
+graphs and so picks the same greedy tokens; the sampler stays torch.
 The pool is bound through IOBinding as both ``kv_pool`` and ``kv_pool_out`` (one buffer), so
 ORT's ScatterND updates it in place: its data_ptr never changes, and checkpoint / restore /
 rollback see the same region the torch path writes. The weights are graph inputs bound to the
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import EngineUnavailable
-from .onnx_step import INPUTS, OUTPUTS, StepShape, build_step
+from .onnx_step import HEAD_NAME, INPUTS, OUTPUTS, StepShape, build_head, build_step
 from .step_io import StepBuffers, bucket_shape, check_pool, past_tables
 
 _NP = {torch.float32: np.float32, torch.int64: np.int64}
@@ -76,22 +78,28 @@ class OrtStep:
         self._threads = threads if threads is not None else torch.get_num_threads()
         # shape -> (session, its IOBinding, its buffers, the pool address bound)
         self._bound: dict[StepShape, tuple[Any, Any, StepBuffers, int]] = {}
+        # rows -> (head session, its IOBinding, hidden buffer (rows, D), logits buffer (rows, V))
+        self._heads: dict[int, tuple[Any, Any, torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def threads(self) -> int:
+        """ORT's intra-op threads for every session of this engine."""
+        return self._threads
 
     @property
     def shapes(self) -> list[StepShape]:
         """The step shapes built so far (one ORT session each)."""
         return list(self._bound)
 
-    def _providers(self) -> list[Any]:
+    def _providers(self, cuda_graph: bool) -> list[Any]:
         if self.device.type == "cpu":
             return ["CPUExecutionProvider"]
         stream = torch.cuda.current_stream(self.device).cuda_stream
         return [(CUDA_PROVIDER, {"device_id": str(self.device.index or 0),
                                  "user_compute_stream": str(stream),
-                                 "enable_cuda_graph": "1" if self.cuda_graph else "0"})]
+                                 "enable_cuda_graph": "1" if cuda_graph else "0"})]
 
-    def session(self, shape: StepShape) -> Any:
-        blob, weights = build_step(self.model, shape)
+    def _options(self) -> Any:
         so = self._ort.SessionOptions()
         so.intra_op_num_threads = self._threads
         so.inter_op_num_threads = 1
@@ -99,15 +107,20 @@ class OrtStep:
         # sampler, a memory-region prefill, the policy) need. Measured at 2 threads on
         # builtin:small: torch prefill 46 ms with ORT not spinning, 102 ms with it spinning
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return so
+
+    def session(self, shape: StepShape) -> Any:
+        blob, weights = build_step(self.model, shape)
+        so = self._options()
         try:
-            sess = self._ort.InferenceSession(blob, so, providers=self._providers())
+            sess = self._ort.InferenceSession(blob, so, providers=self._providers(self.cuda_graph))
         except Exception as exc:   # noqa: BLE001 - ORT raises its own untyped errors
             if not self.cuda_graph:
                 raise EngineUnavailable(f"onnxruntime could not load the LLM step graph: {exc}") from None
             # ORT's CUDA graph needs every node on the CUDA provider; run without it
             log.warning("onnxruntime: no CUDA graph for the LLM step (%s); running without", exc)
             self.cuda_graph = False
-            sess = self._ort.InferenceSession(blob, so, providers=self._providers())
+            sess = self._ort.InferenceSession(blob, so, providers=self._providers(False))
         names_in = [i.name for i in sess.get_inputs()]
         names_out = [o.name for o in sess.get_outputs()]
         if names_in != [*INPUTS, *weights] or names_out != list(OUTPUTS):
@@ -152,6 +165,31 @@ class OrtStep:
         bufs.load(input_ids, positions, slot_mapping, block_tables, slot_valid)
         sess.run_with_iobinding(io)
         return bufs.hidden[:, :input_ids.shape[1]]
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (n, D) -> logits (n, V) through ``build_head``'s graph: one ORT session per n,
+        bound once to its own buffers (no CUDA graph: n varies between prefill and decode). The
+        result is n's logits buffer, valid until the next call with n rows."""
+        n = hidden.shape[0]
+        got = self._heads.get(n)
+        if got is None:
+            blob, weights = build_head(self.model, n)
+            try:
+                sess = self._ort.InferenceSession(blob, self._options(), providers=self._providers(False))
+            except Exception as exc:   # noqa: BLE001 - ORT raises its own untyped errors
+                raise EngineUnavailable(f"onnxruntime could not load the LM head graph: {exc}") from None
+            V, D = weights[HEAD_NAME].shape
+            inp = torch.zeros(n, D, dtype=torch.float32, device=self.device)
+            out = torch.zeros(n, V, dtype=torch.float32, device=self.device)
+            io = sess.io_binding()
+            self._bind(io.bind_input, HEAD_NAME, weights[HEAD_NAME])
+            self._bind(io.bind_input, "hidden", inp)
+            self._bind(io.bind_output, "logits", out)
+            got = self._heads[n] = (sess, io, inp, out)
+        sess, io, inp, out = got
+        inp.copy_(hidden)      # on CUDA, ORT runs on torch's current stream: ordered after the copy
+        sess.run_with_iobinding(io)
+        return out
 
     def _bind(self, bind: Any, name: str, t: torch.Tensor) -> None:
         bind(name, self.device.type, self.device.index or 0, _NP[t.dtype], list(t.shape), t.data_ptr())

@@ -111,6 +111,10 @@ class TrtStep:
         self._bound[shape] = (engine, context, bufs, kv_pool.data_ptr())
         return context, bufs
 
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own LM head (torch, inside the runner's CUDA graph)."""
+        return self.model.lm_head(hidden)
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
                  slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,

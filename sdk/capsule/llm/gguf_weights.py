@@ -113,6 +113,11 @@ def tensor_bytes(header: GGUFHeader, plan: dict[str, TensorInfo]) -> dict[str, n
     return out
 
 
+def cache_path(digest: str, dtype: torch.dtype) -> Path:
+    """The cache entry of the GGUF with sha256 ``digest`` dequantized to ``dtype``."""
+    return cache_dir() / "gguf" / f"{digest}-{_ST_DTYPES[dtype].lower()}.safetensors"
+
+
 def load_weights(header: GGUFHeader, cfg: ModelConfig, digest: str,
                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The file's weights by HF name, CPU tensors in `dtype`: mapped from the cache when it holds
@@ -121,7 +126,7 @@ def load_weights(header: GGUFHeader, cfg: ModelConfig, digest: str,
         raise ValueError(f"GGUF weights load as float32, float16 or bfloat16, not {dtype}")
     plan = tensor_plan(header, cfg)
     meta = {"format": CACHE_FORMAT, "gguf_sha256": digest, "dtype": _ST_DTYPES[dtype]}
-    path = cache_dir() / "gguf" / f"{digest}-{_ST_DTYPES[dtype].lower()}.safetensors"
+    path = cache_path(digest, dtype)
     cached = _read_cache(path, meta, {n: t.shape for n, t in plan.items()}, dtype)
     if cached is not None:
         return cached

@@ -36,6 +36,9 @@ class ModelInfo:
     chat_template: str | None = None   # jinja2 source: tokenizer_config.json's or the GGUF's
     label: str = ""   # short human name for messages: "SmolLM2-135M-Instruct.Q4_1.gguf (llama, Q4_1)"
     linears: str = "dequantized"   # how the layers multiply: "dequantized", or "int4 (30 of 30 layers)"
+    # the safetensors files the weights may be mapped from (a folder's, a builtin's, a GGUF's
+    # dequantized cache): where a torch-free restore (capsule.lite) maps them from too
+    weight_files: tuple[str, ...] = ()
 
 
 def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
@@ -66,10 +69,12 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         path = materialize(name, vocab, seed)
         weights = read_safetensors(path)
         digest = hashlib.sha256(f"builtin:{name}:v{vocab}:s{seed}:{cfg.fingerprint()}".encode()).hexdigest()
-        info = ModelInfo(src, digest, None, untrained=True, label=src)
+        info = ModelInfo(src, digest, None, untrained=True, label=src, weight_files=(str(path),))
     elif (path := resolve_named(src) or Path(src)).is_file():
         header = gguf_file.read_header(path)
         cfg, weights, info = _load_gguf(header, dtype, own_tokenizer)
+        cache = gguf_weights.cache_path(info.weights_digest, dtype)
+        info = dataclasses.replace(info, weight_files=(str(cache),) if cache.is_file() else ())
     else:
         folder = path
         cfg, files = _inspect_folder(folder)
@@ -85,7 +90,8 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
         tok = folder / "tokenizer.json"
         info = ModelInfo(str(folder.resolve()), weights_digest(files),
                          str(tok) if tok.is_file() else None, untrained=False,
-                         chat_template=folder_chat_template(folder), label=folder.name)
+                         chat_template=folder_chat_template(folder), label=folder.name,
+                         weight_files=tuple(str(f.resolve()) for f in files))
     weights = {n: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
                for n, t in weights.items()}
     decoder = Decoder(cfg, weights)

@@ -228,6 +228,32 @@ def build_step(model: Any, shape: StepShape, *, kv_out: str = "pool"
     return onnx_model.SerializeToString(), g.weights
 
 
+HEAD_NAME = "lm_head.weight"   # the head's graph input (the embeddings' tensor when tied)
+
+
+def build_head(model: Any, rows: int) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """The LM head as an ONNX graph: ``hidden`` (rows, D) fp32 -> ``logits`` (rows, V), one Gemm
+    over the model's own (V, D) head matrix (a graph input, as the step's weights are).
+
+    The onnxruntime engine computes its logits here rather than in torch, so a process that
+    never imports torch (``capsule.lite``) running the same graph on the same rows gets the same
+    logits bit for bit, hence the same greedy tokens as the Session."""
+    from onnx import TensorProto, helper
+
+    g = _Builder()
+    head = g.weight(HEAD_NAME, model.head_weight())
+    V, D = model.head_weight().shape
+    g.op("Gemm", "hidden", head, out="logits", transB=1)                         # (rows, V)
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(g.nodes, "capsule_head",
+                              [helper.make_tensor_value_info("hidden", f32, [rows, D]),
+                               helper.make_tensor_value_info(HEAD_NAME, f32, [V, D])],
+                              [helper.make_tensor_value_info("logits", f32, [rows, V])], g.inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                   producer_name="capsule")
+    return onnx_model.SerializeToString(), g.weights
+
+
 def write_rows(kv_pool: torch.Tensor, slot_mapping: torch.Tensor, kv_rows: torch.Tensor) -> None:
     """Write a ``kv_out="rows"`` step's ``kv_rows`` (2 * L * N, KV, hd) into ``kv_pool``
     (NB, L, 2, bs, KV, hd) at slot_mapping (N,), in place: what the "pool" graph's ScatterND

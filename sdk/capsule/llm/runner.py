@@ -37,6 +37,11 @@ class StepEngine(Protocol):
                  slot_valid: torch.Tensor | None = None, block_pos: torch.Tensor | None = None,
                  segments: Sequence[tuple[int, int, int]] | None = None) -> torch.Tensor: ...
 
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits (n, V) of hidden states (n, D): the model's LM head, or the engine's own
+        graph of it (valid until the engine's next call)."""
+        ...
+
 
 @dataclass(frozen=True)
 class DecodeRow:
@@ -64,6 +69,7 @@ class GraphRunner:
         # what runs a step: the model itself (torch) or an engine with its forward's contract
         self.step: StepEngine | Decoder = step if step is not None else model
         self.engine_name = "torch" if step is None else step.name
+        self.head = model.lm_head if step is None else step.head     # (n, D) -> (n, V)
         capturable = step is None or step.capturable
         self.buckets = tuple(buckets)
         self.max_context = max_context
@@ -189,7 +195,7 @@ class GraphRunner:
         hidden = self.step(self.input_ids[:b], self.positions[:b], self.slot_mapping[:b],
                             tables, self.pool.tensor, slot_valid=self.pool.slot_valid,
                             block_pos=block_pos)                                 # (b, 1, D)
-        self.logits[:b].copy_(self.model.lm_head(hidden[:, -1]))
+        self.logits[:b].copy_(self.head(hidden[:, -1]))
 
     def _capture_all(self) -> None:
         # largest bucket first so the smaller graphs fit inside its memory pool (one side stream
@@ -235,7 +241,11 @@ class GraphRunner:
                                 block_pos=block_pos,
                                 segments=_gap_segments(at, idx, self.pool.block_size))  # (1, C, D)
             table.num_cached = c1
-        return self.model.lm_head(hidden[0, -1])
+        if self.step is self.model:
+            return self.model.lm_head(hidden[0, -1])
+        # an engine's head takes (n, D) rows and may keep one buffer per n: the copy outlives
+        # it (generate stacks several streams' prefills)
+        return self.head(hidden[0, -1:])[0].clone()
 
 
 def _gap_segments(at: list[int], kept_idx: list[int] | None,

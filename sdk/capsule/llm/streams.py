@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..tokenize import IncrementalTokenizer
+from ..tokenize.incremental_state import stream_blobs
 from .chat_template import ChatState
 from .kv_pool import BlockTable, KVPool
 from .region import Region, mark_holes
@@ -137,17 +138,6 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
     return meta, blobs
 
 
-def _tokenizer_blobs(blobs: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """Each stream's tokenizer blobs under the tokenizer's own keys (export_streams' inverse)."""
-    out: dict[str, dict[str, bytes]] = {}
-    for key, blob in blobs.items():
-        kind, _, name = key.partition("/")
-        base, _, k = kind.partition(".")
-        if base in ("ids", "text"):
-            out.setdefault(name, {})[f"{base}/{k}" if k else base] = blob
-    return out
-
-
 def split_incomplete(data: bytes) -> tuple[bytes, bytes]:
     """(data without a UTF-8 character it ends inside, those last 0..3 bytes)."""
     for back in range(1, min(3, len(data)) + 1):
@@ -193,7 +183,7 @@ def import_streams(engine: "Engine", meta: list, blobs: dict[str, bytes]) -> Cal
     pool, runner = engine.pool, engine.runner
     device = pool.tensor.device
     max_id = min(runner.model.cfg.vocab_size - 1, engine.tokenizer.max_id)
-    by_stream = _tokenizer_blobs(blobs)
+    by_stream = stream_blobs(blobs)
     streams: dict[str, Stream] = {}
     used: set[int] = set()
     for m in meta:

@@ -20,9 +20,8 @@ import xxhash
 
 from ..errors import CapsuleCorrupt
 from ..store.inputs import PageStream
+from .host_pages import HOST_PAGE, host_blobs
 from .regions import Region, RegionRegistry
-
-HOST_PAGE = 4096
 KV_REGION = "kv_pool"
 # KV blocks go out through one reused staging buffer of about this size (on CUDA also one pinned
 # host buffer): a full checkpoint of an 8 GB unified-memory device must not gather the whole pool
@@ -199,17 +198,7 @@ class Snapshotter:
             flat = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy()).to(region.tensor.device)
             digests = [_digest(data[i:i + region.page_bytes]) for i in range(0, len(data), region.page_bytes)]
             regions.append((region, flat, digests))
-        blobs = {}
-        for key, size in blob_sizes.items():
-            got = pages.get(f"host/{key}", {})
-            n = -(-size // HOST_PAGE)
-            if any(i not in got for i in range(n)):
-                raise CapsuleCorrupt(f"host state {key!r}: pages missing from the capsule")
-            blob = b"".join(got[i] for i in range(n))[:size]
-            if len(blob) != size:
-                raise CapsuleCorrupt(f"host state {key!r}: {len(blob)} bytes, manifest says {size}")
-            blobs[key] = blob
-        return Staged(self._stage_kv(pages.get(KV_REGION, {})), regions, blobs)
+        return Staged(self._stage_kv(pages.get(KV_REGION, {})), regions, host_blobs(pages, blob_sizes))
 
     def _stage_kv(self, kv_pages: dict[int, bytes]) -> "_KVStage | None":
         if not kv_pages:

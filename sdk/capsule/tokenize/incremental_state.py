@@ -82,6 +82,18 @@ def chunk_blobs(text_slice: Callable[[int, int], str], ids_slice: Callable[[int,
     return blobs
 
 
+def stream_blobs(blobs: Mapping[str, bytes]) -> dict[str, dict[str, bytes]]:
+    """Each stream's tokenizer blobs under the tokenizer's own keys ("ids", "ids/3", "text", ...),
+    from a capsule's host blobs ("ids/<stream>", "ids.3/<stream>", "text/<stream>", ...)."""
+    out: dict[str, dict[str, bytes]] = {}
+    for key, blob in blobs.items():
+        kind, _, name = key.partition("/")
+        base, _, k = kind.partition(".")
+        if base in ("ids", "text"):
+            out.setdefault(name, {})[f"{base}/{k}" if k else base] = blob
+    return out
+
+
 @dataclass(frozen=True)
 class Saved:
     """A parsed, checked state (the tail's ids are checked against the reference later)."""

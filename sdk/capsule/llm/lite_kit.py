@@ -1,0 +1,134 @@
+"""Write a restore kit: what a process without torch needs to continue this setup's capsules.
+
+``write_kit(session)`` (``Session.write_lite_kit``) describes the Session's setup to
+``capsule.lite``: the capsule binding, the KV pool's layout, the onnxruntime engine's decode
+step graphs (one per block-table width a step can run at, for the one-row shape and the
+smallest batch bucket) and its LM head graphs, and where each weight those graphs take lives.
+A weight that is bit for bit a tensor of a safetensors file the model was mapped from
+(``ModelInfo.weight_files``: a builtin's, a folder's, a GGUF's dequantized cache) is referenced
+by that file's path, size, mtime and header digest; any other (the RoPE tables) is copied into
+the kit. One kit serves every capsule of the setup; write it again after a change of model,
+tokenizer, runtime settings or SDK version (the lite restore refuses capsules of another setup
+with CapsuleMismatch).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..errors import LiteUnsupported, ModelLoadError
+from ..lite.kit import FORMAT, file_identity, kit_path
+from ..lite.kitfile import pack
+from ..paths import write_private
+from ..safetensors_header import header_bytes, parse_header
+from .kv_pool import SCRATCH_BLOCK
+from .onnx_step import StepShape, build_head, build_step
+from .step_io import table_bucket
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from ..tokenize.reference import ReferenceTokenizer
+
+log = logging.getLogger("capsule")
+
+
+def write_kit(session: "Session", path: str | Path | None = None) -> Path:
+    """Write ``session``'s restore kit to ``path`` (default: ``<store>.kit`` beside the store),
+    atomically, mode 0600; returns the path. LiteUnsupported unless the Session runs its LLM
+    on the onnxruntime engine on CPU."""
+    t0 = time.perf_counter()
+    engine = session.engine
+    runner, pool = engine.runner, engine.pool
+    step = runner.step
+    if runner.engine_name != "onnxruntime" or pool.tensor.device.type != "cpu":
+        raise LiteUnsupported(f"a restore kit runs the onnxruntime LLM engine's graphs on CPU; this Session "
+                              f"runs '{runner.engine_name}' on {pool.tensor.device}: open it with "
+                              "device='cpu', runtime={'llm_engines': ['onnxruntime']}")
+    model, tok, info = runner.model, session.tokenizer, session.model_info
+    NB, L, two, bs, KV, hd = pool.tensor.shape
+    widths = [table_bucket(n) for n in range(1, runner.max_blocks + 1)]
+    blobs: dict[str, bytes | memoryview] = {}
+    weights: dict[str, torch.Tensor] = {}
+    for rows in sorted({1, runner.buckets[0]}):
+        for nb in sorted(set(widths)):
+            blob, w = build_step(model, StepShape(rows, 1, nb, NB, bs))
+            blobs[f"step/{rows}/{nb}"] = blob
+            weights.update(w)
+        blob, w = build_head(model, rows)
+        blobs[f"head/{rows}"] = blob
+        weights.update(w)
+    files, sources = _match_files(weights, [Path(f) for f in (info.weight_files if info else ())])
+    for name, t in weights.items():
+        if name not in sources:
+            blobs[f"weight/{name}"] = memoryview(t.contiguous().numpy()).cast("B")
+    ckpt = session.checkpointer
+    meta = {
+        "format": FORMAT, "binding": ckpt.binding.to_dict(),
+        "max_context": runner.max_context, "max_blocks": runner.max_blocks,
+        "max_page_bytes": ckpt.snap.max_page_bytes(), "max_manifest_bytes": ckpt.limits.max_manifest_bytes,
+        "pool": [NB, L, two, bs, KV, hd], "scratch_block": SCRATCH_BLOCK,
+        "decode_rows": runner.buckets[0], "table_buckets": widths,
+        "vocab": {"name": tok.name, "fingerprint": tok.fingerprint, "size": model.cfg.vocab_size,
+                  "max_id": min(model.cfg.vocab_size - 1, tok.max_id), "gaps": _gaps(tok, model.cfg.vocab_size)},
+        "hidden_size": model.cfg.hidden_size, "eos_ids": list(tok.eos_ids), "threads": step.threads,
+        "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns, "header_xxh3": f.header_xxh3}
+                  for f in files],
+        "weights": [{"name": n, "shape": list(t.shape), "file": sources.get(n, (-1, ""))[0],
+                     "tensor": sources.get(n, (-1, ""))[1]} for n, t in weights.items()],
+    }
+    out = kit_path(session.path) if path is None else Path(path)
+    write_private(out, b"".join(pack(meta, blobs)))
+    log.info("restore kit %s: %d graphs, %d of %d weights mapped from %d file(s), %.2f s", out,
+             sum(k.startswith(("step/", "head/")) for k in blobs), len(sources), len(weights), len(files),
+             time.perf_counter() - t0)
+    return out
+
+
+def _gaps(tok: "ReferenceTokenizer", vocab_size: int) -> list[int]:
+    """Ids below both vocabularies' ends the tokenizer cannot decode (cl100k's holes): the
+    Session's sampler never picks them (``sampler.sample_decodable``), so neither may the lite one."""
+    gaps = []
+    for i in range(min(vocab_size, tok.max_id + 1)):
+        try:
+            tok.decode_bytes([i])
+        except ValueError:
+            gaps.append(i)
+    return gaps
+
+
+def _match_files(weights: dict[str, torch.Tensor], candidates: list[Path]) -> tuple[list, dict[str, tuple[int, str]]]:
+    """(the files used, graph weight name -> (file index, tensor name)) for every weight that is
+    bit for bit an fp32 tensor of a candidate file: the same name first, else one of its shape
+    (a tied head is the embeddings)."""
+    used, sources = [], {}
+    for path in candidates:
+        try:
+            head, size = header_bytes(path)
+            entries = parse_header(head, size, path)
+            mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError, ModelLoadError) as exc:
+            log.info("restore kit: weights file %s not used (%s)", path, exc)
+            continue
+        identity = file_identity(path)
+        found = False
+        for name, t in weights.items():
+            if name in sources:
+                continue
+            want = t.detach().contiguous().numpy().view(np.uint32)
+            names = [name] + [n for n, e in entries.items() if n != name and e.shape == tuple(t.shape)]
+            for n in names:
+                e = entries.get(n)
+                if e is None or e.dtype != "F32" or e.shape != tuple(t.shape):
+                    continue
+                if np.array_equal(mapped[e.start:e.end].view(np.uint32).reshape(want.shape), want):
+                    sources[name] = (len(used), n)
+                    found = True
+                    break
+        if found:
+            used.append(identity)
+    return used, sources
