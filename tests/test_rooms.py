@@ -1,7 +1,7 @@
 """The package's rooms (DESIGN.md, "Layout"): who may import whom, read from the source with `ast`.
 
 DESIGN's dependency rule, top to bottom: cli -> control, bench (under tools/) -> session -> fleet -> memory, policy -> llm
--> state -> tokenize, store -> edge_kernels, devices, errors. A lower room never imports a
+-> lite -> state -> tokenize, store -> edge_kernels, devices, errors. A lower room never imports a
 higher one. Imports are read statically (module level, inside functions, under TYPE_CHECKING);
 an `importlib.import_module` string is not seen, so keep those inside one room.
 """
@@ -34,6 +34,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("fleet",),              # replication to object storage, fleet memory (over the store and memory)
     ("memory", "policy"),
     ("llm",),
+    ("lite",),               # the torch-free restore: reads capsules (state, store), runs ORT; llm writes its kit
     ("state",),
     ("tokenize", "store"),
     ("base",),               # errors, paths, safejson, stats, _version: small shared vocabulary
@@ -42,7 +43,7 @@ RANK = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 TOP_LEVEL_ROOMS = {"cli": "cli", "control": "control", "session": "session", "assembly": "session",
                    "errors": "base", "paths": "base", "safejson": "base", "stats": "base", "_version": "base",
                    "cudagraph": "base", "trt_plan": "base", "sdnotify": "base", "digests": "base",
-                   "gguf_header": "base"}
+                   "gguf_header": "base", "safetensors_header": "base"}
 
 
 @dataclass(frozen=True)

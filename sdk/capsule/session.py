@@ -278,9 +278,11 @@ class Session:
         capsules greedily (``capsule.lite.LiteResume``); default path ``<store>.kit``. Needs the
         onnxruntime LLM engine on CPU (LiteUnsupported otherwise). Valid for every capsule of
         this setup: write it once, again after a change of model, tokenizer or runtime."""
+        from .lite.kit import kit_path
         from .llm.lite_kit import write_kit
-        self._llm()
-        return write_kit(self, path)
+        llm = self._llm()
+        out = kit_path(self.path) if path is None else Path(path)
+        return write_kit(out, llm.engine, llm.tokenizer, llm.info, self.checkpointer)
 
     def flush(self) -> None:
         """Block until every checkpoint(wait=False) so far is durable (a deferred one included)."""

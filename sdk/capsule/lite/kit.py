@@ -68,6 +68,7 @@ class Kit:
     hidden_size: int
     eos_ids: tuple[int, ...]
     threads: int
+    onnxruntime: str                 # the version that wrote it (another may round differently)
     weights: tuple[WeightSource, ...]
     files: tuple[WeightFile, ...]
 
@@ -116,9 +117,10 @@ class Kit:
                 eos_ids=tuple(fields.integer(v, "eos_ids[]", 0, vocab_size - 1)
                               for v in fields.seq(m.get("eos_ids"), "eos_ids", 64)),
                 threads=fields.integer(m.get("threads"), "threads", 1, 1024),
+                onnxruntime=fields.text(m.get("onnxruntime"), "onnxruntime", 64),
                 weights=weights, files=files)
         except fields.FieldError as exc:
-            raise CapsuleCorrupt(f"restore kit {path}: {exc}") from None
+            raise CapsuleCorrupt(f"restore kit {path}: {exc}; write it again (Session.write_lite_kit)") from None
 
     def map_weights(self) -> dict[str, np.ndarray]:
         """Every graph weight, fp32, by graph input name: views of the mapped weight files (their

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import LiteUnsupported
 from .kit import Kit
+from .ort_options import session_options
 
 
 class LiteSteps:
@@ -24,15 +25,18 @@ class LiteSteps:
         except ImportError as exc:
             raise LiteUnsupported(f"the lite restore runs onnxruntime ({exc}): pip install "
                                   "'exec-capsules[onnx]'") from None
+        if ort.__version__ != kit.onnxruntime:
+            # another version may compute other bits: the tokens would not be the Session's
+            raise LiteUnsupported(f"the restore kit was written with onnxruntime {kit.onnxruntime}, this "
+                                  f"process has {ort.__version__}: write the kit again with this one "
+                                  "(Session.write_lite_kit)")
         self._ort, self.kit, self.weights, self.pool = ort, kit, weights, pool
         self.threads = threads
         self._steps: dict[tuple[int, int], tuple[Any, Any, dict[str, np.ndarray]]] = {}
         self._heads: dict[int, tuple[Any, Any, np.ndarray, np.ndarray]] = {}
 
     def _session(self, blob_name: str) -> Any:
-        so = self._ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = self.threads, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options(self._ort, self.threads, cpu=True)
         graph = bytes(self.kit.file.blob(blob_name))      # CapsuleCorrupt for a damaged blob
         try:
             return self._ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import EngineUnavailable
+from ..lite.ort_options import session_options
 from .onnx_step import HEAD_NAME, INPUTS, OUTPUTS, StepShape, build_head, build_step
 from .step_io import StepBuffers, bucket_shape, check_pool, past_tables
 
@@ -87,6 +88,10 @@ class OrtStep:
         return self._threads
 
     @property
+    def ort_version(self) -> str:
+        return self._ort.__version__
+
+    @property
     def shapes(self) -> list[StepShape]:
         """The step shapes built so far (one ORT session each)."""
         return list(self._bound)
@@ -100,14 +105,7 @@ class OrtStep:
                                  "enable_cuda_graph": "1" if cuda_graph else "0"})]
 
     def _options(self) -> Any:
-        so = self._ort.SessionOptions()
-        so.intra_op_num_threads = self._threads
-        so.inter_op_num_threads = 1
-        # idle ORT threads must not spin: they would take the cores torch's own steps (the
-        # sampler, a memory-region prefill, the policy) need. Measured at 2 threads on
-        # builtin:small: torch prefill 46 ms with ORT not spinning, 102 ms with it spinning
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return so
+        return session_options(self._ort, self._threads, cpu=self.device.type == "cpu")
 
     def session(self, shape: StepShape) -> Any:
         blob, weights = build_step(self.model, shape)

@@ -1,6 +1,6 @@
 """Write a restore kit: what a process without torch needs to continue this setup's capsules.
 
-``write_kit(session)`` (``Session.write_lite_kit``) describes the Session's setup to
+``write_kit`` (``Session.write_lite_kit``) describes the Session's setup to
 ``capsule.lite``: the capsule binding, the KV pool's layout, the onnxruntime engine's decode
 step graphs (one per block-table width a step can run at, for the one-row shape and the
 smallest batch bucket) and its LM head graphs, and where each weight those graphs take lives.
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import LiteUnsupported, ModelLoadError
-from ..lite.kit import FORMAT, file_identity, kit_path
+from ..lite.kit import FORMAT, file_identity
 from ..lite.kitfile import pack
 from ..paths import write_private
 from ..safetensors_header import header_bytes, parse_header
@@ -31,25 +31,27 @@ from .onnx_step import StepShape, build_head, build_step
 from .step_io import table_bucket
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ..state.checkpointer import Checkpointer
     from ..tokenize.reference import ReferenceTokenizer
+    from .engine import Engine
+    from .loader import ModelInfo
 
 log = logging.getLogger("capsule")
 
 
-def write_kit(session: "Session", path: str | Path | None = None) -> Path:
-    """Write ``session``'s restore kit to ``path`` (default: ``<store>.kit`` beside the store),
-    atomically, mode 0600; returns the path. LiteUnsupported unless the Session runs its LLM
+def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "ModelInfo | None",
+              ckpt: "Checkpointer") -> Path:
+    """Write a Session's restore kit to ``out`` (its LLM engine, tokenizer, model info and
+    checkpointer), atomically, mode 0600; returns ``out``. LiteUnsupported unless the LLM runs
     on the onnxruntime engine on CPU."""
     t0 = time.perf_counter()
-    engine = session.engine
     runner, pool = engine.runner, engine.pool
     step = runner.step
     if runner.engine_name != "onnxruntime" or pool.tensor.device.type != "cpu":
         raise LiteUnsupported(f"a restore kit runs the onnxruntime LLM engine's graphs on CPU; this Session "
                               f"runs '{runner.engine_name}' on {pool.tensor.device}: open it with "
                               "device='cpu', runtime={'llm_engines': ['onnxruntime']}")
-    model, tok, info = runner.model, session.tokenizer, session.model_info
+    model = runner.model
     NB, L, two, bs, KV, hd = pool.tensor.shape
     widths = [table_bucket(n) for n in range(1, runner.max_blocks + 1)]
     blobs: dict[str, bytes | memoryview] = {}
@@ -66,7 +68,6 @@ def write_kit(session: "Session", path: str | Path | None = None) -> Path:
     for name, t in weights.items():
         if name not in sources:
             blobs[f"weight/{name}"] = memoryview(t.contiguous().numpy()).cast("B")
-    ckpt = session.checkpointer
     meta = {
         "format": FORMAT, "binding": ckpt.binding.to_dict(),
         "max_context": runner.max_context, "max_blocks": runner.max_blocks,
@@ -76,12 +77,12 @@ def write_kit(session: "Session", path: str | Path | None = None) -> Path:
         "vocab": {"name": tok.name, "fingerprint": tok.fingerprint, "size": model.cfg.vocab_size,
                   "max_id": min(model.cfg.vocab_size - 1, tok.max_id), "gaps": _gaps(tok, model.cfg.vocab_size)},
         "hidden_size": model.cfg.hidden_size, "eos_ids": list(tok.eos_ids), "threads": step.threads,
+        "onnxruntime": step.ort_version,
         "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns, "header_xxh3": f.header_xxh3}
                   for f in files],
         "weights": [{"name": n, "shape": list(t.shape), "file": sources.get(n, (-1, ""))[0],
                      "tensor": sources.get(n, (-1, ""))[1]} for n, t in weights.items()],
     }
-    out = kit_path(session.path) if path is None else Path(path)
     write_private(out, b"".join(pack(meta, blobs)))
     log.info("restore kit %s: %d graphs, %d of %d weights mapped from %d file(s), %.2f s", out,
              sum(k.startswith(("step/", "head/")) for k in blobs), len(sources), len(weights), len(files),
