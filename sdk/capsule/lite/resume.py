@@ -61,7 +61,7 @@ class LiteResume:
              sign_key: bytes | None = None, threads: int | None = None) -> "LiteResume":
         """Read the kit and the newest capsule of ``store`` that matches it (see the module
         docstring). threads: ORT's intra-op threads (default: the Session's, as the kit records;
-        the tokens do not depend on it). Raises CapsuleError subclasses only: LiteUnsupported,
+        another count may split a sum differently, and then a token could differ). Raises CapsuleError subclasses only: LiteUnsupported,
         CapsuleMismatch, CapsuleCorrupt, UnknownStream, StoreError."""
         path = kit_path(store) if kit is None else Path(kit)
         try:

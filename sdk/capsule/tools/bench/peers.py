@@ -27,6 +27,7 @@ from ...llm.catalog import resolve_named
 from ...session import Session
 from . import BenchOptions, SuiteResult, decode_linears, peers_env
 from .capsules_restore import measure_restore, transcripts
+from .lite_restore import measure_lite
 from .decode import robot_prompt
 from .peers_f32 import write_f32_copy
 from .peers_tables import settings, tables
@@ -141,6 +142,10 @@ def run(opts: BenchOptions) -> SuiteResult:
             rows, _ = measure_restore(tok, [RESTORE_TOKENS], restore_reps, work / lin, model, "cpu",
                                       {"threads": 1, "linears": lin}, show)
             results["capsule_restore"][lin] = rows[0]
+        # the same transcript restored by a process that never imports torch (capsule.lite)
+        results["capsule_lite_restore"] = measure_lite(
+            (work / "dequantized" / f"transcript-{RESTORE_TOKENS}.txt").read_text(encoding="utf-8"),
+            model, restore_reps, work)
         if env.python is not None:
             f32 = peers_env.cache_dir() / f"{src.stem}-{src.stat().st_size}.F32.gguf"
             files = {"F32": write_f32_copy(src, f32), "Q4_1": src}
