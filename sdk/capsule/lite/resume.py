@@ -11,8 +11,9 @@ onnxruntime and the SDK's torch-free store and state readers, nothing else.
 Exactness: the graphs, weights and inputs are the Session's onnxruntime engine's, so each token
 is the one ``Session.generate(n, stream=...)`` (greedy, the default) returns after restoring
 the same capsule: a robot can speak or act on them while the full Session loads, then let the
-Session regenerate them (same ids) and go on. Nothing is written: the store, the capsule and
-the kit are read only, and the tokens generated here are not checkpointed.
+Session regenerate them (same ids) and go on. Nothing is added to the store (its open runs the
+store's recovery, as a Session's does), its lock is held only inside ``open`` (a Session opened
+meanwhile would find it taken), and the tokens generated here are not checkpointed.
 
 What it refuses (LiteUnsupported, with what to do): a stream with text appended after its last
 generate (its new tokens need a prefill; only decode steps run here), a stream holding memory
