@@ -69,6 +69,14 @@ def test_calls_split_like_the_sessions_give_the_same_ids(store):
         assert s.tokens()[n0:] == first + rest
 
 
+def test_reply_is_the_text_the_sessions_generate_returns(store):
+    with LiteResume.open(store) as r:
+        texts = [r.reply(7), r.reply(NEW - 7)]
+    with Session.open(store, model="smollm2-135m", device="cpu", runtime=ORT) as s:
+        assert [s.generate(7), s.generate(NEW - 7)] == texts
+    assert len(texts[1]) > 20
+
+
 def test_reads_nothing_back_into_the_store(store):
     before = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
     with LiteResume.open(store) as r:

@@ -5,7 +5,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from capsule import Session
-from capsule.llm.streams import split_incomplete
+from capsule.tokenize.utf8 import split_incomplete
 from hf_checkpoints import make_checkpoint
 
 RT = {"kv_pool_mb": 16}

@@ -122,6 +122,10 @@ class Kit:
         except fields.FieldError as exc:
             raise CapsuleCorrupt(f"restore kit {path}: {exc}; write it again (Session.write_lite_kit)") from None
 
+    def pieces(self) -> "Pieces":
+        """Each id's bytes, as the Session's tokenizer decodes it (the kit's ``vocab/pieces``)."""
+        return Pieces(self.file.blob("vocab/pieces"), self.max_id, self.file.path)
+
     def map_weights(self) -> dict[str, np.ndarray]:
         """Every graph weight, fp32, by graph input name: views of the mapped weight files (their
         identity checked first) or of the kit. CapsuleMismatch when a weights file changed."""
@@ -143,6 +147,23 @@ class Kit:
                                      f"values, its shape {list(w.shape)} needs another number")
             out[w.name] = arr.reshape(w.shape)
         return out
+
+
+class Pieces:
+    """ids -> bytes through a kit's piece table: u32 LE offsets (max_id + 2), then the bytes."""
+
+    def __init__(self, blob: memoryview, max_id: int, where: Path):
+        n = max_id + 2
+        offsets = np.frombuffer(blob[:4 * n], dtype="<u4") if len(blob) >= 4 * n else np.zeros(0, "<u4")
+        data = blob[4 * n:]
+        if len(offsets) != n or offsets[0] != 0 or offsets[-1] != len(data) or np.any(np.diff(offsets.astype(np.int64)) < 0):
+            raise CapsuleCorrupt(f"restore kit {where}: its piece table does not hold {max_id + 1} ids' bytes; "
+                                 "write it again (Session.write_lite_kit)")
+        self._offsets, self._data = offsets.tolist(), bytes(data)
+
+    def __call__(self, ids: list[int]) -> bytes:
+        o, d = self._offsets, self._data
+        return b"".join(d[o[i]:o[i + 1]] for i in ids)
 
 
 def _weight_file(value: object, i: int) -> WeightFile:

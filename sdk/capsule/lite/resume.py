@@ -35,7 +35,8 @@ from ..state.host_pages import host_blobs
 from ..state.manifest import EpochCorrupt, Limits, Manifest, parse
 from ..store import Store
 from ..tokenize import incremental_state
-from .kit import Kit, kit_path
+from ..tokenize.utf8 import check_tail, split_incomplete
+from .kit import Kit, Pieces, kit_path
 from .steps import LiteSteps
 
 KV_REGION = "kv_pool"
@@ -52,9 +53,11 @@ class LiteResume:
     """One stream of a store's newest matching capsule, continued greedily (module docstring)."""
 
     def __init__(self, kit: Kit, epoch: int, stream: str, ids: list[int], blocks: list[int],
-                 used: set[int], pool: np.ndarray, steps: LiteSteps):
+                 used: set[int], tail: bytes, pool: np.ndarray, steps: LiteSteps):
         self.kit, self.epoch, self.stream = kit, epoch, stream
         self._ids, self._blocks, self._used = ids, blocks, used
+        self._tail = tail            # the bytes of a character the last reply ended inside
+        self._pieces: Pieces | None = None
         self._pool, self._steps = pool, steps
 
     @classmethod
@@ -91,7 +94,7 @@ class LiteResume:
                 raise LiteUnsupported(f"store {store} holds no capsule yet: nothing to continue")
             epoch, _, pages, _ = found
             manifest = parsed[epoch]
-            ids, blocks, used = _stream(k, manifest, host_blobs(pages, manifest.blob_sizes), stream)
+            ids, blocks, used, tail = _stream(k, manifest, host_blobs(pages, manifest.blob_sizes), stream)
             pool = np.zeros(k.pool, dtype=np.float32)    # untouched blocks stay unallocated pages
             rows = pool.reshape(k.pool[0], -1).view(np.uint8)                  # (NB, block bytes)
             bs, kv = k.pool[3], pages.get(KV_REGION, {})
@@ -104,7 +107,7 @@ class LiteResume:
         finally:
             st.close()
         steps = LiteSteps(k, k.map_weights(), pool, threads if threads is not None else k.threads)
-        return cls(k, epoch, stream, ids, blocks, used, pool, steps)
+        return cls(k, epoch, stream, ids, blocks, used, tail, pool, steps)
 
     @property
     def tokens(self) -> list[int]:
@@ -148,6 +151,22 @@ class LiteResume:
                 break
         return out
 
+    def reply(self, max_new_tokens: int) -> str:
+        """``generate``, as text: exactly the string ``Session.generate(max_new_tokens,
+        stream=...)`` returns (a character cut by the last token waits for the next reply, a
+        closing end-of-sequence token's text is left out), decoded with the kit's piece table."""
+        ids = self.generate(max_new_tokens)
+        pieces = self.kit.pieces() if self._pieces is None else self._pieces
+        self._pieces = pieces
+        complete, self._tail = split_incomplete(self._tail + pieces(ids))
+        text = complete.decode("utf-8", errors="replace")
+        if ids and ids[-1] in self.kit.eos_ids:      # as llm/replies.cut_at_stop
+            for eos in self.kit.eos_ids:
+                end = pieces([eos]).decode("utf-8", errors="replace")
+                if text.endswith(end):
+                    return text[:len(text) - len(end)]
+        return text
+
     def close(self) -> None:
         """Drop the ORT sessions and the pool (the store was closed at open)."""
         self._steps = None          # type: ignore[assignment]
@@ -168,9 +187,9 @@ class LiteResume:
 
 
 def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
-            ) -> tuple[list[int], list[int], set[int]]:
-    """(the stream's ids, its block table, every block some stream holds) from a capsule's host
-    state, checked as the Session's stream import checks them."""
+            ) -> tuple[list[int], list[int], set[int], bytes]:
+    """(the stream's ids, its block table, every block some stream holds, its reply's cut
+    character) from a capsule's host state, checked as the Session's stream import checks them."""
     streams = manifest.host.get("streams")
     if not isinstance(streams, list):
         raise CapsuleCorrupt(f"epoch {manifest.epoch}: host state has no stream list")
@@ -196,6 +215,7 @@ def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
         if type(cached) is not int or not 0 <= cached <= len(ids):
             raise ValueError(f"num_cached={cached!r} is not an int in 0..{len(ids)}")
         blocks = _ints(blobs[f"blocks/{name}"], "<i4", "block table")
+        tail = check_tail(blobs.get(f"tail/{name}", b""))
         used: set[int] = set()
         for m in streams:
             other = blobs.get(f"blocks/{m.get('name')}", b"") if isinstance(m, dict) else b""
@@ -212,7 +232,7 @@ def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
     if len(blocks) > k.max_blocks or len(blocks) < -(-(len(ids) - 1) // bs) or len(set(blocks)) != len(blocks) \
             or any(not 0 <= b < k.pool[0] or b == k.scratch_block for b in blocks):
         raise CapsuleCorrupt(f"{where}: block table does not cover its tokens or lies outside the pool")
-    return ids, blocks, used
+    return ids, blocks, used, tail
 
 
 def _ints(blob: bytes, dtype: str, what: str) -> list[int]:

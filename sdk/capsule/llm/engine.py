@@ -22,6 +22,7 @@ from edge_kernels.rope import check_reinjectable
 from ..errors import ContextFull, UnknownStream
 from ..tokenize import IncrementalTokenizer, ReferenceTokenizer
 from ..tokenize.splice import common
+from ..tokenize.utf8 import split_incomplete
 from .choices import Choices
 from .context_shift import ShiftPlan, apply_shift, check_policy, folded_text, full_error, plan_shift
 from .kv_pool import KVPool
@@ -29,7 +30,7 @@ from .region import fill, reserve, span, zero_covered
 from .runner import DecodeRow, GraphRunner
 from .sampler import SamplingParams, sample_decodable, stream_generator
 from .replies import OnToken, ReplyPieces, cut_at_stop
-from .streams import Stream, check_stream_name, split_incomplete
+from .streams import Stream, check_stream_name
 
 
 MAX_QUERY_CHARS = 2000   # of the user's turn, kept as the memory query (capsule state)

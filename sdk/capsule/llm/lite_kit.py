@@ -64,6 +64,8 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
         blob, w = build_head(model, rows)
         blobs[f"head/{rows}"] = blob
         weights.update(w)
+    max_id = min(model.cfg.vocab_size - 1, tok.max_id)
+    gaps, blobs["vocab/pieces"] = _pieces(tok, max_id)
     files, sources = _match_files(weights, [Path(f) for f in (info.weight_files if info else ())])
     for name, t in weights.items():
         if name not in sources:
@@ -75,7 +77,7 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
         "pool": [NB, L, two, bs, KV, hd], "scratch_block": SCRATCH_BLOCK,
         "decode_rows": runner.buckets[0], "table_buckets": widths,
         "vocab": {"name": tok.name, "fingerprint": tok.fingerprint, "size": model.cfg.vocab_size,
-                  "max_id": min(model.cfg.vocab_size - 1, tok.max_id), "gaps": _gaps(tok, model.cfg.vocab_size)},
+                  "max_id": max_id, "gaps": gaps},
         "hidden_size": model.cfg.hidden_size, "eos_ids": list(tok.eos_ids), "threads": step.threads,
         "onnxruntime": step.ort_version,
         "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns, "header_xxh3": f.header_xxh3}
@@ -90,16 +92,22 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
     return out
 
 
-def _gaps(tok: "ReferenceTokenizer", vocab_size: int) -> list[int]:
-    """Ids below both vocabularies' ends the tokenizer cannot decode (cl100k's holes): the
-    Session's sampler never picks them (``sampler.sample_decodable``), so neither may the lite one."""
-    gaps = []
-    for i in range(min(vocab_size, tok.max_id + 1)):
+def _pieces(tok: "ReferenceTokenizer", max_id: int) -> tuple[list[int], bytes]:
+    """(the ids up to max_id the tokenizer cannot decode, cl100k's holes: the Session's sampler
+    never picks them, ``sampler.sample_decodable``, so neither may the lite one; every id's bytes
+    as u32 LE offsets (max_id + 2 of them) then the bytes, holes empty: what lite's replies are
+    decoded with)."""
+    gaps, parts = [], []
+    for i in range(max_id + 1):
         try:
-            tok.decode_bytes([i])
+            parts.append(tok.decode_bytes([i]))
         except ValueError:
             gaps.append(i)
-    return gaps
+            parts.append(b"")
+    offsets = np.cumsum([0] + [len(p) for p in parts], dtype=np.int64)
+    if offsets[-1] >= 1 << 32:
+        raise LiteUnsupported(f"the tokenizer's {max_id + 1} pieces take {offsets[-1]} bytes; a kit holds under 4 GiB")
+    return gaps, offsets.astype("<u4").tobytes() + b"".join(parts)
 
 
 def _match_files(weights: dict[str, torch.Tensor], candidates: list[Path]) -> tuple[list, dict[str, tuple[int, str]]]:

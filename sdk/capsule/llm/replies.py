@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..tokenize import ReferenceTokenizer
-from .streams import split_incomplete
+from ..tokenize.utf8 import split_incomplete
 
 OnToken = Callable[[str, str], None]   # (stream name, text piece), see Engine.generate
 

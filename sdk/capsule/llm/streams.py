@@ -13,6 +13,7 @@ import torch
 
 from ..tokenize import IncrementalTokenizer
 from ..tokenize.incremental_state import stream_blobs
+from ..tokenize.utf8 import check_tail
 from .chat_template import ChatState
 from .kv_pool import BlockTable, KVPool
 from .region import Region, mark_holes
@@ -138,22 +139,11 @@ def export_streams(engine: "Engine") -> tuple[list[dict], dict[str, bytes]]:
     return meta, blobs
 
 
-def split_incomplete(data: bytes) -> tuple[bytes, bytes]:
-    """(data without a UTF-8 character it ends inside, those last 0..3 bytes)."""
-    for back in range(1, min(3, len(data)) + 1):
-        b = data[-back]
-        if b & 0xC0 == 0x80:                 # a continuation byte: look further back
-            continue
-        need = 2 if 0xC0 <= b < 0xE0 else 3 if 0xE0 <= b < 0xF0 else 4 if 0xF0 <= b < 0xF8 else 1
-        return (data[:-back], data[-back:]) if back < need else (data, b"")
-    return data, b""
-
-
 def _tail(name: str, raw: bytes) -> bytes:
-    # untrusted capsule bytes: only what split_incomplete can leave
-    if raw and (len(raw) > 3 or split_incomplete(raw) != (b"", raw)):
-        raise ValueError(f"stream {name!r}: saved reply tail is not the start of a UTF-8 character")
-    return raw
+    try:
+        return check_tail(raw)
+    except ValueError as exc:
+        raise ValueError(f"stream {name!r}: {exc}") from None
 
 
 def _int_field(m: dict, key: str, lo: int, hi: int) -> int:
