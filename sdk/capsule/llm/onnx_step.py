@@ -9,7 +9,7 @@ KV, hd), the pool the capsules checkpoint. Outputs: ``hidden`` (B, T, D), the fi
 hidden states (``Decoder.forward``'s result), and ``kv_pool_out``.
 
 Why the K/V are written last: every layer attends over the pool's past slots (gathered through
-the block tables) plus the chunk's own new keys, concatenated, and one ScatterND at the end
+the block tables) plus the chunk's own new keys (``onnx_attention``), and one ScatterND at the end
 writes all layers' new K/V. Its pool input then has no reader after it, so with ``kv_pool`` and
 ``kv_pool_out`` bound to one buffer (IOBinding) ONNX Runtime updates the pool in place: no copy,
 the same data_ptr every step, and the dirty-block tracking of the torch path stays exact. (A
@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
+from .onnx_attention import AttnDims, attend_chunk, attend_decode, attention_bias, gather_past
 
 OPSET = 17
 INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "attn_bias", "kv_pool")
@@ -134,7 +135,7 @@ def build_step(model: Any, shape: StepShape, *, kv_out: str = "pool"
     B, T, nb, NB, bs = (shape.batch, shape.tokens, shape.table_blocks, shape.pool_blocks,
                         shape.block_size)
     L, H, KV, hd, D = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-    G, S, N, eps = H // KV, nb * bs, B * T, cfg.rms_norm_eps
+    S, N, eps = nb * bs, B * T, cfg.rms_norm_eps
     if model.rope_cos.shape[0] == 0:
         raise ValueError("prepare_rope(max_context) the model before building its ONNX step")
     g = _Builder()
@@ -157,8 +158,9 @@ def build_step(model: Any, shape: StepShape, *, kv_out: str = "pool"
     # SmolLM2-135M at 33 blocks)
     flat = g.shape("kv_pool", NB * L * 2, bs * KV * hd)
     first = g.op("Mul", "block_tables", g.const(np.array(L * 2, np.int64)))              # (B, nb)
-    bias = g.shape(g.op("Expand", g.shape("attn_bias", B, 1, 1, T, S + T),
-                        g.const(np.array([B, 1, G, T, S + T], np.int64))), B, 1, G * T, S + T)
+    dims = AttnDims(B, T, H, KV, hd, S)
+    attend = attend_decode if T == 1 else attend_chunk
+    bias = attention_bias(g, dims)
     scale = g.const(np.float32(model.scale))
     updates: list[str] = []
     for i, lw in enumerate(model.layers):
@@ -175,21 +177,8 @@ def build_step(model: Any, shape: StepShape, *, kv_out: str = "pool"
             k = _rms(g, k, w(p + "self_attn.k_norm.weight"), eps)
         q, k = _rope(g, q, cos, sin, hd), _rope(g, k, cos, sin, hd)
         updates += [g.shape(k, N, KV, hd), g.shape(v, N, KV, hd)]
-        past = []
-        for plane in (2 * i, 2 * i + 1):
-            at = g.op("Add", first, g.const(np.array(plane, np.int64)))
-            past.append(g.shape(g.op("Gather", flat, at, axis=0), B, S, KV, hd))  # (B, nb*bs, KV, hd)
-        keys = g.op("Concat", past[0], k, axis=1)                              # (B, S+T, KV, hd)
-        vals = g.op("Concat", past[1], v, axis=1)
-        # (B, KV, G*T, hd) queries against (B, KV, hd, S+T) keys: head h = kv * G + g
-        qh = g.shape(g.op("Transpose", g.shape(q, B, T, KV, G, hd), perm=[0, 2, 3, 1, 4]),
-                     B, KV, G * T, hd)
-        kt = g.op("Transpose", keys, perm=[0, 2, 3, 1])
-        scores = g.op("Add", g.op("Mul", g.op("MatMul", qh, kt), scale), bias)   # (B, KV, G*T, S+T)
-        att = g.op("MatMul", g.op("Softmax", scores, axis=-1),
-                   g.op("Transpose", vals, perm=[0, 2, 1, 3]))                  # (B, KV, G*T, hd)
-        att = g.shape(g.op("Transpose", g.shape(att, B, KV, G, T, hd), perm=[0, 3, 1, 2, 4]),
-                      N, H * hd)
+        att = attend(g, dims, q, k, v, gather_past(g, flat, first, 2 * i),
+                     gather_past(g, flat, first, 2 * i + 1), bias, scale)         # (N, H*hd)
         x = g.op("Add", x, _linear(g, att, N, w(p + "self_attn.o_proj.weight"),
                                    opt(p + "self_attn.o_proj.bias", lw.o_bias)))
         h = _rms(g, x, w(p + "post_attention_layernorm.weight"), eps)
