@@ -3,7 +3,7 @@
 Once (``capsule.tools.bench.lite_restore.prepare``): a SmolLM2-135M Session on the onnxruntime
 LLM engine, one thread, prefills a ~2,000-token prompt, generates one token, checkpoints, writes
 the restore kit and notes its own next token. Then, in turns, fresh processes restore that
-capsule and produce the next token:
+capsule and produce the next token (bytecode cached, as an installed package: child_env):
 - "lite": ``capsule.lite.LiteResume`` (numpy + onnxruntime, torch never imported);
 - "session": ``Session.open`` (torch, the whole Session) then ``generate(1)``.
 Each child prints its phases (perf_counter is CLOCK_MONOTONIC: one clock for parent and
@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from capsule.tools.bench.child_env import timed_child_env
 from capsule.tools.bench.lite_restore import CHILD, RUNTIME, prepare
 
 CONTEXT = 2000
@@ -59,11 +60,13 @@ def main() -> None:
         n, want, _ = prepare(text, "smollm2-135m", store)
         print(f"context: {n} tokens; load average {os.getloadavg()[0]:.2f}; cpu {os.cpu_count()}")
         runs: dict[str, list[dict]] = {"lite": [], "session": []}
-        for _ in range(args.reps):          # interleaved: both see the same machine state
+        # interleaved: both see the same machine state; rep 0 warms the bytecode cache (not counted)
+        for rep in range(args.reps + 1):
             for kind, argv in (("lite", ["-c", CHILD, str(store)]), ("session", [__file__, "child", str(store)])):
                 out = subprocess.run([sys.executable, *argv, repr(time.perf_counter())],
-                                     capture_output=True, text=True, check=True)
-                runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                                     capture_output=True, text=True, check=True, env=timed_child_env())
+                if rep:
+                    runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
         for kind, rs in runs.items():
             med = {k: statistics.median(r[k] for r in rs) * 1e3 for k in rs[0] if k.endswith("_s")}
             print(f"{kind:8s} " + "  ".join(f"{k[:-2]} {v:.0f}" for k, v in med.items())

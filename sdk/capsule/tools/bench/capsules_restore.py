@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .child_env import timed_child_env
 from .timing import progress
 
 SOURCE_MODULES = ("textwrap", "json.decoder", "difflib", "argparse")  # varied, deterministic per Python
@@ -82,7 +83,7 @@ def _child(mode: str, store: Path, text_path: Path, model: str, device: str,
            runtime: dict[str, Any]) -> dict[str, Any]:
     argv = [sys.executable, "-c", CHILD, mode, str(store), str(text_path), model, device, json.dumps(runtime)]
     spawn = time.time()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=timed_child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"bench child ({mode}, {store.name}) exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,7 +108,9 @@ def measure_restore(tokenizer: Any, contexts: Sequence[int], reps: int, work: Pa
         store = work / f"restore-{n}"
         cold, warm = [], []
         for r in range(reps):  # interleaved, so drift in machine load hits both paths alike
-            if r == 0:  # this cold run also leaves the capsule the restore runs open
+            # r == 0: this cold run also leaves the capsule the restore runs open, and the
+            # bytecode cache (child_env): its imports may be slower, the medians take that
+            if r == 0:
                 cold.append(_child("cold+save", store, text_path, model, device, runtime))
             else:
                 cold.append(_child("cold", work / f"cold-{n}-{r}", text_path, model, device, runtime))
