@@ -154,3 +154,17 @@ def test_damaged_kit_is_refused(store, tmp_path, damage):
             r.generate(NEW)          # a graph blob is checked when its session is built
     if damage != "symlink":
         assert isinstance(exc.value, CapsuleCorrupt), exc.value
+
+
+def test_open_starts_building_the_sessions_the_first_token_runs(store, monkeypatch):
+    from capsule.lite.steps import Sessions
+    started, got = [], []
+    start, get = Sessions.start, Sessions.get
+    monkeypatch.setattr(Sessions, "start", lambda self, name: (started.append(name), start(self, name))[1])
+    monkeypatch.setattr(Sessions, "get", lambda self, name: (got.append(name), get(self, name))[1])
+    with LiteResume.open(store) as r:
+        assert got == []                        # nothing built on the main thread yet
+        ids = r.generate(1)
+    assert ids == _session_ids(store, 1)
+    assert got[:2] == started                  # the step of the right width, then the head
+    assert started[0].startswith("step/1/") and started[1] == "head/1"

@@ -5,7 +5,8 @@ second after a power cut, the very tokens the Session would generate.
 ``Session.write_lite_kit``), the newest committed capsule that verifies and matches the kit's
 binding (the same checks as a Session's restore: checksums, manifest bounds, binding), one
 stream's token ids and block table, and that stream's K/V blocks into a numpy pool; then
-``generate(n)`` decodes greedily through the kit's onnxruntime graphs. It imports numpy,
+``generate(n)`` decodes greedily through the kit's onnxruntime graphs (the first step's ORT
+session builds on a background thread while the capsule's pages are read). It imports numpy,
 onnxruntime and the SDK's torch-free store and state readers, nothing else.
 
 Exactness: the graphs, weights and inputs are the Session's onnxruntime engine's, so each token
@@ -37,7 +38,7 @@ from ..store import Store
 from ..tokenize import incremental_state
 from ..tokenize.utf8 import check_tail, split_incomplete
 from .kit import Kit, Pieces, kit_path
-from .steps import LiteSteps
+from .steps import LiteSteps, Sessions, step_name
 
 KV_REGION = "kv_pool"
 
@@ -75,6 +76,7 @@ class LiteResume:
                                   "LLM engine and call Session.write_lite_kit()") from None
         limits = Limits(k.max_context, k.max_blocks, k.max_manifest_bytes)
         parsed: dict[int, Manifest] = {}
+        sessions = Sessions(k, threads if threads is not None else k.threads)
 
         def accept(epoch: int, data: bytes) -> None:
             try:
@@ -85,6 +87,10 @@ class LiteResume:
             if diffs:
                 raise CapsuleMismatch("taken against another setup than the restore kit's; " + "; ".join(diffs))
             parsed[epoch] = manifest
+            width = _first_width(k, manifest, stream)
+            if width is not None:        # the first token's sessions build while the pages are read
+                sessions.start(step_name(1, width))
+                sessions.start("head/1")
 
         st = Store.open(store, create=False, sign_key=sign_key)
         try:
@@ -106,7 +112,7 @@ class LiteResume:
                 rows[b] = np.frombuffer(page, dtype=np.uint8)
         finally:
             st.close()
-        steps = LiteSteps(k, k.map_weights(), pool, threads if threads is not None else k.threads)
+        steps = LiteSteps(k, k.map_weights(), pool, sessions)
         return cls(k, epoch, stream, ids, blocks, used, tail, pool, steps)
 
     @property
@@ -233,6 +239,19 @@ def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
             or any(not 0 <= b < k.pool[0] or b == k.scratch_block for b in blocks):
         raise CapsuleCorrupt(f"{where}: block table does not cover its tokens or lies outside the pool")
     return ids, blocks, used, tail
+
+
+def _first_width(k: Kit, manifest: Manifest, name: str) -> int | None:
+    """The block-table width of the first step ``generate`` runs on stream ``name``, when the
+    manifest's entry for it says how many ids it holds (checked for real by _stream)."""
+    streams = manifest.host.get("streams")
+    meta = next((m for m in streams if isinstance(m, dict) and m.get("name") == name), None) \
+        if isinstance(streams, list) else None
+    n = meta.get("n_ids") if meta is not None else None
+    if type(n) is not int or not 1 <= n <= k.max_context:
+        return None
+    nb = (n - 1) // k.pool[3] + 1                 # the step feeds id n - 1 at its position
+    return k.table_buckets[nb - 1] if nb <= len(k.table_buckets) else None
 
 
 def _ints(blob: bytes, dtype: str, what: str) -> list[int]:
