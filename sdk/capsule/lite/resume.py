@@ -36,7 +36,7 @@ from ..state.host_pages import host_blobs
 from ..state.manifest import EpochCorrupt, Limits, Manifest, parse
 from ..store import Store
 from ..tokenize import incremental_state
-from ..tokenize.utf8 import check_tail, split_incomplete
+from ..tokenize.utf8 import check_tail, split_incomplete, without_eos
 from .kit import Kit, Pieces, kit_path
 from .steps import LiteSteps, Sessions, step_name
 
@@ -167,10 +167,7 @@ class LiteResume:
         complete, self._tail = split_incomplete(self._tail + pieces(ids))
         text = complete.decode("utf-8", errors="replace")
         if ids and ids[-1] in self.kit.eos_ids:      # as llm/replies.cut_at_stop
-            for eos in self.kit.eos_ids:
-                end = pieces([eos]).decode("utf-8", errors="replace")
-                if text.endswith(end):
-                    return text[:len(text) - len(end)]
+            return without_eos(text, (pieces([e]).decode("utf-8", errors="replace") for e in self.kit.eos_ids))
         return text
 
     def close(self) -> None:
@@ -199,7 +196,7 @@ def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
     streams = manifest.host.get("streams")
     if not isinstance(streams, list):
         raise CapsuleCorrupt(f"epoch {manifest.epoch}: host state has no stream list")
-    meta = next((m for m in streams if isinstance(m, dict) and m.get("name") == name), None)
+    meta = _entry(manifest, name)
     if meta is None:
         have = [m.get("name") for m in streams if isinstance(m, dict)]
         raise UnknownStream(f"epoch {manifest.epoch} has no stream {name!r} (streams: {have[:8]})")
@@ -241,12 +238,18 @@ def _stream(k: Kit, manifest: Manifest, blobs: dict[str, bytes], name: str
     return ids, blocks, used, tail
 
 
+def _entry(manifest: Manifest, name: str) -> dict | None:
+    """The manifest's host-state entry of stream ``name`` (None: no such entry or no stream list)."""
+    streams = manifest.host.get("streams")
+    if not isinstance(streams, list):
+        return None
+    return next((m for m in streams if isinstance(m, dict) and m.get("name") == name), None)
+
+
 def _first_width(k: Kit, manifest: Manifest, name: str) -> int | None:
     """The block-table width of the first step ``generate`` runs on stream ``name``, when the
     manifest's entry for it says how many ids it holds (checked for real by _stream)."""
-    streams = manifest.host.get("streams")
-    meta = next((m for m in streams if isinstance(m, dict) and m.get("name") == name), None) \
-        if isinstance(streams, list) else None
+    meta = _entry(manifest, name)
     n = meta.get("n_ids") if meta is not None else None
     if type(n) is not int or not 1 <= n <= k.max_context:
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..tokenize import ReferenceTokenizer
-from ..tokenize.utf8 import split_incomplete
+from ..tokenize.utf8 import split_incomplete, without_eos
 
 OnToken = Callable[[str, str], None]   # (stream name, text piece), see Engine.generate
 
@@ -48,8 +48,6 @@ def cut_at_stop(text: str, stop: Sequence[str], tokenizer: ReferenceTokenizer, e
     if cut >= 0:
         return text[:cut]
     if ended_on_eos:
-        for eos_id in tokenizer.eos_ids:
-            tail = tokenizer.decode_bytes([eos_id]).decode("utf-8", errors="replace")
-            if text.endswith(tail):
-                return text[: len(text) - len(tail)]
+        return without_eos(text, (tokenizer.decode_bytes([e]).decode("utf-8", errors="replace")
+                                  for e in tokenizer.eos_ids))
     return text

@@ -1,6 +1,8 @@
-"""UTF-8 boundaries of a reply that grows token by token (torch-free: the Session's engine and
-``capsule.lite`` cut replies the same way)."""
+"""UTF-8 boundaries and the end of a reply that grows token by token (torch-free: the Session's
+engine and ``capsule.lite`` cut replies the same way)."""
 from __future__ import annotations
+
+from typing import Iterable
 
 
 def split_incomplete(data: bytes) -> tuple[bytes, bytes]:
@@ -20,3 +22,12 @@ def check_tail(raw: bytes) -> bytes:
     if raw and (len(raw) > 3 or split_incomplete(raw) != (b"", raw)):
         raise ValueError("saved reply tail is not the start of a UTF-8 character")
     return raw
+
+
+def without_eos(text: str, eos_texts: Iterable[str]) -> str:
+    """``text`` without the first of ``eos_texts`` it ends with (a reply that ended on an
+    end-of-sequence token is returned without that token's text)."""
+    for tail in eos_texts:
+        if text.endswith(tail):
+            return text[:len(text) - len(tail)]
+    return text
