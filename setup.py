@@ -1,17 +1,19 @@
-"""The one compiled piece: the CPU paged decode kernel (edge_kernels/paged_decode_cpu.py).
+"""The one compiled piece: the CPU kernels (edge_kernels/cpu_library.py loads them): paged decode
+attention (paged_decode_cpu.py) and the Q8_0 linear (q8_linear_cpu.py).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the
-install still succeeds and the decoder keeps its torch attention (the kernel's `missing()`
+install still succeeds and the decoder keeps its torch operators (`cpu_library.missing()`
 says why). It has no Python API (ctypes loads it), so it needs no Python headers.
 CAPSULE_CPU_KERNEL=0 leaves it out: `make wheel` builds the pure-Python wheel the Jetson image
-installs (a CUDA device decodes with torch's or Triton's attention, never this kernel).
+installs (a CUDA device decodes with torch's or Triton's attention, never these kernels).
 """
 import os
 
 from setuptools import Extension, setup
 
 KERNEL = Extension(
-    "edge_kernels._paged_decode_cpu", ["edge_kernels/csrc/paged_decode_cpu.c"],
+    "edge_kernels._cpu_kernels", ["edge_kernels/csrc/paged_decode_cpu.c", "edge_kernels/csrc/q8_linear_cpu.c"],
+    depends=["edge_kernels/csrc/vec16.h"],
     extra_compile_args=["-O3", "-std=c11", "-pthread", "-fno-math-errno", "-Wno-psabi"],
     extra_link_args=["-pthread"], libraries=["m"], optional=True)
 

@@ -8,57 +8,27 @@ reads the copy; at batch 4 and 2,048 tokens that was ~70 % of a decode step here
 so a row's result does not depend on the batch or the thread count.
 
 It is built by `pip install` (setup.py: an optional C extension, no Python API, loaded with
-ctypes). Where it could not be built (no C compiler), `missing()` says so and callers keep the
-torch path. fp32 models; fp32 or bf16 pools (runtime.kv_dtype unset or "bfloat16": bf16 K/V
+ctypes by cpu_library.py). Where it could not be built (no C compiler), `missing()` says so and
+callers keep the torch path. fp32 models; fp32 or bf16 pools (runtime.kv_dtype unset or "bfloat16": bf16 K/V
 halve the bytes each step reads); head size a multiple of 16.
 
 Hot path: no host sync beyond what eager CPU code does anyway; the output is the one allocation.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
-import importlib.machinery
-from pathlib import Path
-
 import torch
 
+from . import cpu_library
 from .paged_decode import decode_args
 
-_LIB = "_paged_decode_cpu"
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
 MAX_HEADS = 256         # query heads the kernel holds (csrc: MAX_HEADS)
 LANES = 16              # the head size must be a multiple of it (csrc: LANES)
 KV_DTYPES = (torch.float32, torch.bfloat16)   # pools it reads (bf16 widens exactly to fp32)
 
 
-@functools.lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str | None]:
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / (_LIB + suffix)
-        if path.is_file():
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError as exc:
-                return None, f"{path.name} did not load ({exc}); reinstall: pip install -e ."
-            fn = lib.capsule_paged_decode
-            fn.restype = ctypes.c_int
-            fn.argtypes = [_P, _P, _P, ctypes.c_int, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
-                           ctypes.c_float, _P, ctypes.c_int]
-            fn = lib.capsule_decode_layer
-            fn.restype = ctypes.c_int
-            fn.argtypes = [_P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _P, ctypes.c_int, _I, _I, _I,
-                           _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, ctypes.c_int]
-            return lib, None
-    return None, (f"the CPU decode kernel ({_LIB}) was not built with the package (no C compiler "
-                  "at install?): install gcc and reinstall (pip install -e .)")
-
-
 def missing() -> str | None:
     """Why the kernel cannot run here, or None."""
-    return _library()[1]
+    return cpu_library.missing()
 
 
 def unsupported(k_cache: torch.Tensor, head_dim: int, heads: int,
@@ -121,7 +91,7 @@ class DecodePlan:
         B, H, hd = q.shape
         KV = k_cache.shape[2]
         out = torch.empty_like(q)                                               # (B, H, hd)
-        rc = _library()[0].capsule_paged_decode(
+        rc = cpu_library.library().capsule_paged_decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16,
             k_cache.stride(0), KV * hd, hd,
             self.tables.data_ptr(), self.tables.shape[1], self.lens.data_ptr(),
@@ -150,7 +120,7 @@ class DecodePlan:
                                  f"(and cos / sin ({B}, {hd})), got {tuple(t.shape)} {t.dtype} "
                                  f"strides {t.stride()}")
         out = torch.empty_like(q, memory_format=torch.contiguous_format)        # (B, H, hd)
-        rc = _library()[0].capsule_decode_layer(
+        rc = cpu_library.library().capsule_decode_layer(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             self.cos.data_ptr(), self.sin.data_ptr(), self.slots.data_ptr(),
             k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.bfloat16,

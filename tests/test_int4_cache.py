@@ -10,23 +10,25 @@ import torch
 
 import capsule.llm.gguf_weights as gguf_weights
 from capsule.llm import load_model
-from capsule.llm.int4_linear import Int4Linears, kernel_missing
+from capsule.llm.int4_linear import HalfHead, Int4Linears, kernel_missing
+from capsule.llm.q8_head import Q8Head
 from capsule.paths import cache_dir
 from gguf_checkpoints import checkpoint_gguf, logits
 
 pytestmark = pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))
 
 
-@pytest.fixture
-def packs(monkeypatch, tmp_path):
+@pytest.fixture(params=["Q4_1", "Q8_0"])   # the logits head: fp16 copy / kept Q8_0 (q8_head.py)
+def packs(monkeypatch, tmp_path, request):
     monkeypatch.setenv("CAPSULE_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
     real = gguf_weights.int4_linears
     monkeypatch.setattr(gguf_weights, "int4_linears", lambda *a: calls.append(1) or real(*a))
     # layer 1 keeps a Q8_0 projection: it stays dense, in the cache's layout too
     path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q4_1",
-                              qtypes={"blk.0.attn_q.weight": "Q4_0", "blk.1.ffn_down.weight": "Q8_0"})
-    return path, calls
+                              qtypes={"blk.0.attn_q.weight": "Q4_0", "blk.1.ffn_down.weight": "Q8_0",
+                                      "output.weight": request.param})
+    return path, calls, Q8Head if request.param == "Q8_0" else HalfHead
 
 
 def _entry() -> "os.PathLike":
@@ -35,20 +37,21 @@ def _entry() -> "os.PathLike":
 
 
 def test_the_second_open_maps_what_the_first_packed(packs):
-    path, calls = packs
+    path, calls, head = packs
     ids = torch.arange(3, 40).view(1, -1)
     first, info = load_model(path, linears="int4")
     want = logits(first, ids)
     second, info2 = load_model(path, linears="int4")
     assert len(calls) == 1 and info2.linears == info.linears == "int4 (1 of 2 layers)"
     assert [isinstance(x, Int4Linears) for x in second.linears] == [True, False]
+    assert isinstance(first.head, head) and isinstance(second.head, head)
     assert torch.equal(logits(second, ids), want)
     assert stat.S_IMODE(os.stat(_entry()).st_mode) == 0o600
 
 
-@pytest.mark.parametrize("harm", ["truncate", "flip-metadata", "torch-version", "garbage"])
+@pytest.mark.parametrize("harm", ["truncate", "flip-metadata", "torch-version", "garbage", "head-shape"])
 def test_an_entry_that_is_off_is_packed_again(packs, harm, monkeypatch):
-    path, calls = packs
+    path, calls, _ = packs
     ids = torch.arange(3, 40).view(1, -1)
     want = logits(load_model(path, linears="int4")[0], ids)
     entry = _entry()
@@ -58,6 +61,15 @@ def test_an_entry_that_is_off_is_packed_again(packs, harm, monkeypatch):
     elif harm == "flip-metadata":                      # the key no longer matches
         at = data.index(b"capsule-int4-")
         entry.write_bytes(data[:at] + b"X" + data[at + 1:])
+    elif harm == "head-shape":                         # key and names right, the head a row short
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+        with safe_open(str(entry), "pt") as f:
+            meta = f.metadata()
+        tensors = load_file(str(entry))
+        name = "head.scales" if "head.scales" in tensors else "head"
+        tensors[name] = tensors[name][:-1].clone()
+        save_file(tensors, str(entry), metadata=meta)
     elif harm == "torch-version":                      # packed by another torch: its layout may differ
         monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     else:

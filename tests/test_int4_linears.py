@@ -1,7 +1,7 @@
 """runtime.linears='int4': a GGUF's Q4_0 / Q4_1 weights kept 4-bit (capsule.llm.int4_linear).
 
 The codes and scales read from the blocks are gguf's own dequantization exactly; the kernel's
-products are those weights' up to bf16 rounding (the logits' head: fp16); a model loads int4
+products are those weights' up to bf16 rounding (the logits' head: Q8_0 kept as Q8_0, else fp16); a model loads int4
 only where it can, its logits stay near the dequantized model's (and differ: the int4 path ran);
 a Session continues bit-exactly across a restore, and a capsule is bound to the setting it was taken with."""
 from __future__ import annotations
@@ -86,6 +86,29 @@ def test_int4_logits_stay_near_the_dequantized_models(kind, tmp_path):
     dev = (got - want).abs().max().item()
     assert 0 < dev < 0.03 * want.abs().max().item(), dev
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_q8_0_head_stays_q8_0_and_multiplies_by_the_dequantized_weights(tmp_path, monkeypatch):
+    from capsule.llm import q8_head
+    from capsule.llm.int4_linear import HalfHead
+    from capsule.llm.q8_head import Q8Head
+    from edge_kernels import q8_linear_cpu
+    path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q4_1", qtypes={"output.weight": "Q8_0"})
+    deq, _ = load_model(path)
+    q4, _ = load_model(path, linears="int4")
+    assert isinstance(q4.head, Q8Head) and q4.head.codes.dtype == torch.int8
+    hn = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    want, got = deq.lm_head(hn), q4.lm_head(hn)        # the same Q8_0 weights, dequantized
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert (got - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    half = HalfHead(deq.head_weight())(hn)             # what an fp16 copy would give: much further
+    assert (half - want).abs().max().item() > 10 * (got - want).abs().max().item()
+    ids = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(3))
+    assert (logits(q4, ids).argmax(-1) == logits(deq, ids).argmax(-1)).float().mean() > 0.9
+    # no compiled kernel (a wheel built without one): the fp16 copy, from the cache entry too
+    for module in (q8_head, q8_linear_cpu):
+        monkeypatch.setattr(module, "missing", lambda: "not built")
+    assert isinstance(load_model(path, linears="int4")[0].head, HalfHead)
 
 
 def test_a_layer_with_another_type_stays_dense(tmp_path):

@@ -28,6 +28,7 @@ from .safetensors_mmap import read_safetensors
 
 if TYPE_CHECKING:
     from .linears import DenseLinears, LayerLinears
+    from .q8_head import Head
 
 CACHE_FORMAT = "capsule-gguf-cache/1"   # bump when the conversion below changes
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
@@ -203,16 +204,19 @@ def _read_cache(path: Path, meta: dict[str, str], shapes: dict[str, tuple[int, .
     return tensors
 
 
-def int4_linears(header: GGUFHeader, cfg: ModelConfig, dense: "Sequence[DenseLinears]"
-                 ) -> "tuple[list[LayerLinears], int]":
-    """The layers' linears with their Q4_0 / Q4_1 weights kept as int4 (int4_linear.int4_layers)
-    and how many layers that is; ModelLoadError when none is."""
+def int4_linears(header: GGUFHeader, cfg: ModelConfig, dense: "Sequence[DenseLinears]",
+                 head_weight: torch.Tensor) -> "tuple[list[LayerLinears], int, Head]":
+    """The layers' linears with their Q4_0 / Q4_1 weights kept as int4 (int4_linear.int4_layers),
+    how many layers that is, and the logits' head (q8_head.logits_head: Q8_0 kept as Q8_0);
+    ModelLoadError when no layer is int4."""
     from .int4_linear import Q4_TYPES, int4_layers
+    from .q8_head import logits_head
     plan = tensor_plan(header, cfg)
-    linears, n = int4_layers(cfg, dense, tensor_bytes(header, plan), {name: t.type_id for name, t in plan.items()},
-                             unpermute if cfg.architecture == "llama" else None)
+    raw, types = tensor_bytes(header, plan), {name: t.type_id for name, t in plan.items()}
+    linears, n = int4_layers(cfg, dense, raw, types, unpermute if cfg.architecture == "llama" else None)
     if n == 0:
         raise ModelLoadError(f"runtime.linears='int4' keeps Q4_0 / Q4_1 weights quantized, and no layer of "
                              f"{header.path.name} has all seven projections in {' or '.join(Q4_TYPES.values())} "
                              "(with outputs a multiple of 16); use runtime.linears='dequantized'")
-    return linears, n
+    name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+    return linears, n, logits_head(head_weight, raw.get(name), types.get(name))

@@ -1,4 +1,5 @@
-"""A GGUF's int4 linears and fp16 head, packed once and mapped from the cache on later opens.
+"""A GGUF's int4 linears and logits head (Q8_0 or fp16), packed once and mapped from the cache on
+later opens.
 
 Packing is the int4 open's extra cost (the codes unpacked from the GGUF blocks, repacked for
 torch's kernel, the head converted: ~0.3 s for SmolLM2, paid on every restore). The packed
@@ -17,34 +18,39 @@ from typing import Callable, Sequence
 
 import torch
 
+from edge_kernels import q8_linear_cpu
+
 from ..errors import ModelLoadError
 from ..paths import cache_dir, write_private
-from . import int4_linear
+from . import int4_linear, q8_head
 from .config import ModelConfig
 from .int4_linear import GROUP, MATRICES, HalfHead, Int4Linears, Int4Matrix, int4_layer
 from .linears import DenseLinears, LayerLinears
+from .q8_head import Head, Q8Head
 from .safetensors_mmap import read_safetensors
 
-Packer = Callable[[], "tuple[list[LayerLinears], int]"]
+Packer = Callable[[], "tuple[list[LayerLinears], int, Head]"]
 
 
 def _key(digest: str) -> dict[str, str]:
-    code = hashlib.sha256(Path(int4_linear.__file__).read_bytes() + Path(__file__).read_bytes()).hexdigest()
-    return {"format": "capsule-int4-1", "gguf_sha256": digest, "torch": torch.__version__, "code": code}
+    code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes()
+                                   for m in (int4_linear, q8_head, q8_linear_cpu))
+                          + Path(__file__).read_bytes()).hexdigest()
+    return {"format": "capsule-int4-2", "gguf_sha256": digest, "torch": torch.__version__, "code": code}
 
 
 def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: torch.Tensor, digest: str,
-               pack: Packer) -> tuple[list[LayerLinears], int, HalfHead]:
-    """(linears per layer, how many are int4, the fp16 head): mapped from the cache entry of
-    `digest`, else built (``pack()``, HalfHead) and the entry written."""
+               pack: Packer) -> tuple[list[LayerLinears], int, Head]:
+    """(linears per layer, how many are int4, the logits head): mapped from the cache entry of
+    `digest`, else built (``pack()``) and the entry written."""
     path = cache_dir() / "gguf" / f"{digest}-int4.safetensors"
     key = _key(digest)
     cached = _load(path, key, cfg, dense, head_weight)
     if cached is not None:
         return cached
-    layers, n = pack()
-    head = HalfHead(head_weight)
-    tensors = {"head": head.weight}
+    layers, n, head = pack()
+    tensors = ({"head.codes": head.codes, "head.scales": head.scales} if isinstance(head, Q8Head)
+               else {"head": head.weight} if isinstance(head, HalfHead) else {})
     for i, lin in enumerate(layers):
         if isinstance(lin, Int4Linears):
             for name, m in lin.matrices().items():
@@ -59,15 +65,15 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
 
 
 def _load(path: Path, key: dict[str, str], cfg: ModelConfig, dense: Sequence[DenseLinears],
-          head_weight: torch.Tensor) -> tuple[list[LayerLinears], int, HalfHead] | None:
+          head_weight: torch.Tensor) -> tuple[list[LayerLinears], int, Head] | None:
     try:
         if _metadata(path) != key:
             return None
         tensors = read_safetensors(path)
     except (OSError, ValueError, struct.error, ModelLoadError):
         return None
-    head = tensors.pop("head", None)
-    if head is None or head.dtype != torch.float16 or head.shape != head_weight.shape:
+    head = _head(tensors, head_weight)
+    if head is None:
         return None
     layers: list[LayerLinears] = []
     for i, lin in enumerate(dense):
@@ -81,7 +87,22 @@ def _load(path: Path, key: dict[str, str], cfg: ModelConfig, dense: Sequence[Den
         layers.append(int4_layer(cfg, lin, {n: Int4Matrix.from_packed(p, z) for n, (p, z) in found.items()}))
     if tensors:   # names this model has no place for
         return None
-    return layers, sum(isinstance(x, Int4Linears) for x in layers), HalfHead(head)   # already fp16: mapped, not copied
+    return layers, sum(isinstance(x, Int4Linears) for x in layers), head
+
+
+def _head(tensors: dict[str, torch.Tensor], weight: torch.Tensor) -> Head | None:
+    """The entry's head, taken out of `tensors`: fp16 "head" or Q8_0 "head.codes" + "head.scales"
+    (when the kernel is built), mapped, not copied; None when neither fits `weight` (V, D)."""
+    half, codes, scales = (tensors.pop(n, None) for n in ("head", "head.codes", "head.scales"))
+    if half is not None and codes is None and scales is None:
+        ok = half.dtype == torch.float16 and half.shape == weight.shape
+        return HalfHead(half) if ok else None   # already fp16: HalfHead keeps the mapped tensor
+    if half is None and codes is not None and scales is not None and q8_linear_cpu.missing() is None:
+        try:
+            return Q8Head(codes, scales) if codes.shape == weight.shape else None
+        except ValueError:
+            return None
+    return None
 
 
 def _plausible(packed: torch.Tensor | None, sz: torch.Tensor | None) -> bool:

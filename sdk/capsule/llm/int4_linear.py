@@ -13,8 +13,8 @@ restore is bit-exact, and capsules bind `runtime.linears` so one never continues
 
 A layer is kept quantized only when all seven of its projections can be (Q4_0 / Q4_1, outputs
 a multiple of 16, the kernel's packing unit); other layers stay dense. q/k/v and gate/up are
-fused into one matmul each (fewer operator calls per layer). The logits multiply by an fp16
-copy of the output matrix (HalfHead).
+fused into one matmul each (fewer operator calls per layer). The logits multiply by the GGUF's
+Q8_0 output matrix kept as Q8_0 (q8_head.py), or else by an fp16 copy of it (HalfHead).
 """
 from __future__ import annotations
 

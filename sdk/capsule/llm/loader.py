@@ -102,8 +102,9 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
                                  "runtime.linears='dequantized')")
         from .int4_cache import int4_model
         dense = [lw.dense() for lw in decoder.layers]
-        layers, n, head = int4_model(cfg, dense, decoder.head_weight(), info.weights_digest,
-                                     lambda: gguf_weights.int4_linears(header, cfg, dense))
+        head_weight = decoder.head_weight()
+        layers, n, head = int4_model(cfg, dense, head_weight, info.weights_digest,
+                                     lambda: gguf_weights.int4_linears(header, cfg, dense, head_weight))
         decoder.use_linears(layers, "int4", head=head)
         info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)")
     return decoder, info

@@ -1,0 +1,55 @@
+"""The logits' matmul of a model with int4 layers: its GGUF Q8_0 matrix kept as Q8_0, else fp16.
+
+With int4 layers the head (the tied embeddings: 49,152 x 576 for SmolLM2) was a decode step's
+largest read. A Q8_0 GGUF head stays int8 codes + fp32 scales and multiplies in C
+(edge_kernels.q8_linear_cpu): ~1.1 bytes a weight, every weight its exact dequantized value, so
+the logits are the dequantized model's up to summation order; fp16 (HalfHead) rounds each
+weight to 11 bits. Other head types, or no compiled kernel, keep HalfHead.
+
+Threading: Q8Head uses torch's intra-op thread count (the Session's runtime.threads), its own
+pthreads per call; a row's logits do not depend on the batch or the thread count.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from edge_kernels.q8_linear_cpu import check_weights, missing, q8_0_blocks, q8_linear
+
+from .int4_linear import HalfHead
+
+Q8_0 = 8        # GGML type id
+
+
+class Head(Protocol):
+    """(..., D) hidden states -> (..., V) logits in the hidden states' dtype."""
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor: ...
+
+
+class Q8Head:
+    """Logits over Q8_0 weights: codes (V, D) int8, scales (V, D/32) fp32 (q8_linear_cpu's
+    layout, checked). Hot path: the logits are the one allocation."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
+        check_weights(codes, scales)
+        self.codes, self.scales = codes, scales
+
+    @classmethod
+    def from_gguf(cls, raw: np.ndarray) -> "Q8Head":
+        """From the GGUF tensor's bytes (V, D/32 * 34)."""
+        codes, scales = q8_0_blocks(raw)
+        return cls(torch.from_numpy(codes), torch.from_numpy(scales))
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return q8_linear(h.float(), self.codes, self.scales, torch.get_num_threads()).to(h.dtype)
+
+
+def logits_head(weight: torch.Tensor, raw: np.ndarray | None, type_id: int | None) -> Head:
+    """Q8Head when the GGUF's head tensor (bytes `raw`, GGML type `type_id`) is Q8_0 and the
+    kernel is built, else HalfHead of the dequantized `weight` (V, D)."""
+    if type_id == Q8_0 and raw is not None and weight.device.type == "cpu" and missing() is None:
+        return Q8Head.from_gguf(raw)
+    return HalfHead(weight)
