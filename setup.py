@@ -12,8 +12,8 @@ import os
 from setuptools import Extension, setup
 
 KERNEL = Extension(
-    "edge_kernels._cpu_kernels", ["edge_kernels/csrc/paged_decode_cpu.c", "edge_kernels/csrc/q8_linear_cpu.c"],
-    depends=["edge_kernels/csrc/vec16.h"],
+    "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in ("paged_decode_cpu", "q8_linear_cpu", "parallel")],
+    depends=["edge_kernels/csrc/vec16.h", "edge_kernels/csrc/parallel.h"],
     extra_compile_args=["-O3", "-std=c11", "-pthread", "-fno-math-errno", "-Wno-psabi"],
     extra_link_args=["-pthread"], libraries=["m"], optional=True)
 

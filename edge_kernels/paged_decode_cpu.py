@@ -31,6 +31,13 @@ def missing() -> str | None:
     return cpu_library.missing()
 
 
+def kernel_threads() -> int:
+    """Workers for a kernel called between torch's operators: torch's intra-op thread count when
+    the kernels run on its OpenMP team (cpu_library.shares_openmp), else 1: threads of their own
+    would compete with its spinning workers (see DecodePlan)."""
+    return torch.get_num_threads() if cpu_library.shares_openmp() else 1
+
+
 def unsupported(k_cache: torch.Tensor, head_dim: int, heads: int,
                 dtype: torch.dtype = torch.float32) -> str | None:
     """Why a pool / model is outside the kernel (fp32 or bf16 CPU pool, fp32 queries (``dtype``,
@@ -54,10 +61,11 @@ class DecodePlan:
     ``slots`` (B,) (each row's new slot, block * bs + offset) and ``rope`` ((B, hd) cos and sin
     at each row's position), ``layer`` also rotates q and k and writes the new K/V.
 
-    threads: the kernel's own threads (pthreads started per call). 1 by default: between torch's
-    parallel ops its OpenMP workers spin on the other cores, and kernel threads compete with them
-    (SmolLM2 int4 at torch's 2 threads, batch 1 at 2,048 tokens: 47.3 ms per token with 2 kernel
-    threads, 31.9 with 1; torch's attention 40.2)."""
+    threads: the kernel's workers (1 by default; a decoder passes kernel_threads()). They run on
+    torch's OpenMP team where cpu_library found it, else on pthreads started per call; those
+    compete with the team's spinning workers (SmolLM2 int4 at torch's 2 threads, batch 1 at
+    2,048 tokens: 47.3 ms per token with 2 kernel pthreads, 31.9 with 1; torch's attention 40.2),
+    hence 1 there. A row's result does not depend on the count."""
 
     def __init__(self, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  slot_valid: torch.Tensor | None, num_blocks: int, block_size: int, *,

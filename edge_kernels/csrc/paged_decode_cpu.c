@@ -12,11 +12,11 @@
  * in order), so a result does not depend on the batch, the thread count or the other rows.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vec16.h"
 
 #define MAX_HEADS 256  /* query heads (the caller checks) */
@@ -214,8 +214,7 @@ CLONES static void unit(const job_t *j, int64_t b, int64_t k0, int64_t k1, float
 }
 
 /* Units: rows, or (row, kv head) when there are fewer rows than threads. */
-static void *run_units(void *arg) {
-    job_t *j = (job_t *)arg;
+static void run_units(job_t *j) {
     const int64_t per_row = j->B < j->step ? j->KV : 1, units = j->B * per_row;
     const size_t sp = (size_t)((j->nb * j->bs + LANES - 1) / LANES * LANES);
     float *scores = (float *)malloc(sizeof(float) * (size_t)j->H * sp);
@@ -232,8 +231,9 @@ static void *run_units(void *arg) {
     free(scores);
     free(part);
     free(acc);
-    return NULL;
 }
+
+static void worker(void *arg, int w) { run_units((job_t *)arg + w); }
 
 /* Returns 0, or -1 when memory or a thread could not be had (the caller raises). The caller
  * has checked shapes, strides (in elements of the pool's dtype), block ids < NB and
@@ -245,24 +245,15 @@ int capsule_paged_decode(const float *q, const void *k, const void *v, int kv_bf
                              int64_t bs, float scale, float *out, int threads) {
     job_t base = {q, k, v, kv_bf16 != 0, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
                   B, H, KV, hd, bs, nb, scale, out, 0, 1, 0};
-    int n = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
     if (n > B * KV) n = (int)(B * KV);
-    base.step = n;
-    if (n <= 1) { run_units(&base); return base.status; }
-    job_t jobs[64];
-    pthread_t tids[64];
-    int started = 0, status = 0;
+    job_t jobs[MAX_WORKERS];
     for (int i = 0; i < n; i++) {
         jobs[i] = base;
         jobs[i].first = i;
         jobs[i].step = n;
     }
-    for (int i = 1; i < n; i++) {   /* this thread runs worker 0 */
-        if (pthread_create(&tids[i], NULL, run_units, &jobs[i]) != 0) { status = -1; break; }
-        started = i;
-    }
-    run_units(&jobs[0]);
-    for (int i = 1; i <= started; i++) pthread_join(tids[i], NULL);
+    int status = capsule_run_workers(n, worker, jobs);
     for (int i = 0; i < n; i++) if (jobs[i].status) status = -1;
     return status;
 }

@@ -12,16 +12,15 @@
  * -ffp-contract=off): every clone rounds alike. No Python API: loaded with ctypes by
  * edge_kernels/cpu_library.py; edge_kernels/q8_linear_cpu.py checks every argument first.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "vec16.h"
 
 #define QBLOCK 32        /* weights per scale */
 #define ROWS 16          /* outputs reduced together (one v16 of sums) */
 #define XROWS 4          /* rows of x per pass over the weights */
-#define MAX_THREADS 64
 
 typedef struct {
     const float *x;         /* (M, K) */
@@ -87,32 +86,16 @@ CLONES static void groups(const job_t *j) {
     }
 }
 
-static void *run(void *arg) {
-    groups((const job_t *)arg);
-    return NULL;
-}
+static void worker(void *arg, int w) { groups((const job_t *)arg + w); }
 
 /* Returns 0, or -1 when a thread could not be started (the caller raises). The caller has
  * checked: M, N >= 1, K a positive multiple of 32, every array contiguous and of its size. */
 int capsule_q8_linear(const float *x, int64_t M, const int8_t *codes, const float *scales,
                       int64_t N, int64_t K, float *y, int threads) {
     const int64_t G = (N + ROWS - 1) / ROWS;
-    int n = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
     if (n > G) n = (int)G;
-    job_t jobs[MAX_THREADS];
-    pthread_t tids[MAX_THREADS];
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (job_t){x, codes, scales, y, M, N, K, G * i / n, G * (i + 1) / n};
-    }
-    int started = 0, status = 0;
-    for (int i = 1; i < n; i++) {   /* this thread runs worker 0 */
-        if (pthread_create(&tids[i], NULL, run, &jobs[i]) != 0) {
-            status = -1;
-            break;
-        }
-        started = i;
-    }
-    if (status == 0) groups(&jobs[0]);
-    for (int i = 1; i <= started; i++) pthread_join(tids[i], NULL);
-    return status;
+    job_t jobs[MAX_WORKERS];
+    for (int i = 0; i < n; i++) jobs[i] = (job_t){x, codes, scales, y, M, N, K, G * i / n, G * (i + 1) / n};
+    return capsule_run_workers(n, worker, jobs);
 }

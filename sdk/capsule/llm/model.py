@@ -13,7 +13,7 @@ from torch import nn
 
 from devices.profile import DECODE_ATTENTION
 from edge_kernels.paged_decode import paged_decode_attention
-from edge_kernels.paged_decode_cpu import DecodePlan
+from edge_kernels.paged_decode_cpu import DecodePlan, kernel_threads
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
@@ -163,7 +163,7 @@ class Decoder(nn.Module):
             return triton
         if self.decode_attention == "cpu":   # pool and dtype checked when the Session was built
             plan = DecodePlan(block_tables, seq_lens, slot_valid, kv_pool.shape[0], kv_pool.shape[3],
-                              slots=slot_mapping, rope=(cos, sin))
+                              slots=slot_mapping, rope=(cos, sin), threads=kernel_threads())
             return lambda q, k, v, k_cache, v_cache: plan.layer(q, k, v, k_cache, v_cache,
                                                                 self.scale).view(B, 1, H, hd)
         return None

@@ -6,8 +6,9 @@ largest read. A Q8_0 GGUF head stays int8 codes + fp32 scales and multiplies in 
 the logits are the dequantized model's up to summation order; fp16 (HalfHead) rounds each
 weight to 11 bits. Other head types, or no compiled kernel, keep HalfHead.
 
-Threading: Q8Head uses torch's intra-op thread count (the Session's runtime.threads), its own
-pthreads per call; a row's logits do not depend on the batch or the thread count.
+Threading: Q8Head runs on torch's OpenMP team, as many workers as its intra-op threads (the
+Session's runtime.threads; edge_kernels.paged_decode_cpu.kernel_threads); a row's logits do not
+depend on the batch or the thread count.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from edge_kernels.paged_decode_cpu import kernel_threads
 from edge_kernels.q8_linear_cpu import check_weights, missing, q8_0_blocks, q8_linear
 
 from .int4_linear import HalfHead
@@ -44,7 +46,7 @@ class Q8Head:
         return cls(torch.from_numpy(codes), torch.from_numpy(scales))
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return q8_linear(h.float(), self.codes, self.scales, torch.get_num_threads()).to(h.dtype)
+        return q8_linear(h.float(), self.codes, self.scales, kernel_threads()).to(h.dtype)
 
 
 def logits_head(weight: torch.Tensor, raw: np.ndarray | None, type_id: int | None) -> Head:

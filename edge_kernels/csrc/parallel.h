@@ -1,0 +1,14 @@
+/* Running a kernel's workers: on the OpenMP team torch already runs (when the loader handed its
+ * runtime over), else on pthreads started per call. See parallel.c. */
+#ifndef CAPSULE_PARALLEL_H
+#define CAPSULE_PARALLEL_H
+
+#define MAX_WORKERS 64
+
+/* fn(arg, worker) for worker = 0 .. n - 1, concurrently where threads are had; the calling
+ * thread runs some of them. Returns 0, or -1 when a thread could not be started (then some
+ * workers did not run: the caller reports the failure, never a partial result). */
+typedef void (*work_fn)(void *arg, int worker);
+int capsule_run_workers(int n, work_fn fn, void *arg);
+
+#endif
