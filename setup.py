@@ -11,9 +11,11 @@ import os
 
 from setuptools import Extension, setup
 
+SOURCES = ("paged_decode_cpu", "decode_layer_cpu", "q8_linear_cpu", "parallel")
+HEADERS = ("vec16", "parallel", "paged_decode_cpu")
 KERNEL = Extension(
-    "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in ("paged_decode_cpu", "q8_linear_cpu", "parallel")],
-    depends=["edge_kernels/csrc/vec16.h", "edge_kernels/csrc/parallel.h"],
+    "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in SOURCES],
+    depends=[f"edge_kernels/csrc/{name}.h" for name in HEADERS],
     extra_compile_args=["-O3", "-std=c11", "-pthread", "-fno-math-errno", "-Wno-psabi"],
     extra_link_args=["-pthread"], libraries=["m"], optional=True)
 

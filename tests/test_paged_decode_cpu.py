@@ -37,9 +37,10 @@ def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # runtime.kv_dtype
 @pytest.mark.parametrize("hd", [64, 128, 48])         # the two unrolled sizes and the generic loop
 @pytest.mark.parametrize("holes", [False, True])
-def test_equals_the_torch_paged_attention(holes, hd, dtype):
+@pytest.mark.parametrize("threads", [1, 4])           # 4 > 3 rows: each row split between workers
+def test_equals_the_torch_paged_attention(holes, hd, dtype, threads):
     c = _case(hd=hd, dtype=dtype)   # the torch path widens a bf16 pool to fp32 as the kernel does
-    torch.testing.assert_close(_kernel(c, holes), _reference(c, holes), rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(_kernel(c, holes, threads=threads), _reference(c, holes), rtol=1e-5, atol=2e-6)
     # (B, 1, H, hd) in, the same shape out
     out4 = paged_decode_attention_cpu(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"].long(),
                                       c["lens"].long(), hd ** -0.5)
@@ -67,9 +68,10 @@ def test_a_row_does_not_depend_on_the_batch_or_the_threads():
     full = _kernel(c, True, threads=1)
     for threads in (2, 3, 8):
         assert torch.equal(_kernel(c, True, threads=threads), full)
-    for b in range(3):
+    for b in range(3):   # one row split between 2 or 3 workers: the same bits as a whole row
         alone = {**c, "q": c["q"][b:b + 1], "tables": c["tables"][b:b + 1], "lens": c["lens"][b:b + 1]}
-        assert torch.equal(_kernel(alone, True)[0], full[b])
+        for threads in (1, 2, 3):
+            assert torch.equal(_kernel(alone, True, threads=threads)[0], full[b])
 
 
 def test_bad_arguments_are_refused_before_the_kernel_reads():
