@@ -16,7 +16,8 @@ HEADERS = ("vec16", "parallel", "paged_decode_cpu")
 KERNEL = Extension(
     "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in SOURCES],
     depends=[f"edge_kernels/csrc/{name}.h" for name in HEADERS],
-    extra_compile_args=["-O3", "-std=c11", "-pthread", "-fno-math-errno", "-Wno-psabi"],
+    # -ffp-contract=off: no implicit fused multiply-add (GCC's -std=c11 default; Clang fuses unless told)
+    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-pthread", "-fno-math-errno", "-Wno-psabi"],
     extra_link_args=["-pthread"], libraries=["m"], optional=True)
 
 setup(ext_modules=[] if os.environ.get("CAPSULE_CPU_KERNEL", "1") == "0" else [KERNEL])

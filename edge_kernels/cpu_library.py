@@ -5,10 +5,10 @@ No Python API and no torch here: `paged_decode_cpu.py` and `q8_linear_cpu.py` ch
 arguments and call `library()`. Where the extension was not built (no C compiler at install),
 `missing()` says why and callers keep their torch operators.
 
-Threads: where the process has an OpenMP runtime loaded (torch's libgomp, or an LLVM / Intel
-one) when the library is first loaded, the kernels run their workers on its team
-(csrc/parallel.c says why: threads of their own would compete with its spinning workers);
-`shares_openmp()` tells. Elsewhere (a process without torch) they start pthreads per call.
+Threads: where torch is loaded when the library is first loaded (Linux), the kernels run their
+workers on torch's own OpenMP team (csrc/parallel.c says why: threads of their own would compete
+with its spinning workers); `shares_openmp()` tells. Elsewhere (a process without torch, another
+OS) they start pthreads per call.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import ctypes
 import functools
 import importlib.machinery
 import re
+import threading
 from pathlib import Path
 
 NAME = "_cpu_kernels"
@@ -33,11 +34,17 @@ SIGNATURES = {
     "capsule_use_openmp": (None, [_P, _P, _P]),
     "capsule_uses_openmp": (_INT, []),
 }
-_OPENMP = re.compile(r"/lib(gomp|omp|iomp5)[^/]*\.so[^/]*$")   # runtimes exporting GOMP_parallel
+_TORCH_CPU = re.compile(r"/libtorch_cpu[^/]*\.so[^/]*$")
+_FIRST_LOAD = threading.Lock()
+
+
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    with _FIRST_LOAD:   # one load, one hand-over of the OpenMP runtime, whichever thread is first
+        return _load_once()
 
 
 @functools.lru_cache(maxsize=1)
-def _load() -> tuple[ctypes.CDLL | None, str | None]:
+def _load_once() -> tuple[ctypes.CDLL | None, str | None]:
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = here / (NAME + suffix)
@@ -56,18 +63,19 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def _openmp_entry_points() -> tuple[int | None, int | None, int | None]:
-    """GOMP_parallel, omp_get_thread_num and omp_get_num_threads of the OpenMP runtime this
-    process has loaded (the first mapped one that exports all three), else Nones. Linux:
-    read from /proc/self/maps; dlopen of a loaded library returns that same instance."""
+    """GOMP_parallel, omp_get_thread_num and omp_get_num_threads as torch's CPU library binds
+    them (its own runtime: dlsym through libtorch_cpu's handle searches what it links), else
+    Nones (torch not loaded, or not Linux). dlopen of a loaded library returns that instance."""
     try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if _OPENMP.search(line.rstrip())})
+        with open("/proc/self/maps") as maps:   # address perms offset dev inode path
+            paths = sorted({f[5] for f in (line.rstrip("\n").split(maxsplit=5) for line in maps)
+                            if len(f) == 6 and _TORCH_CPU.search(f[5])})
     except OSError:
         return None, None, None
     for path in paths:
         try:
-            rt = ctypes.CDLL(path)
-            fns = (rt.GOMP_parallel, rt.omp_get_thread_num, rt.omp_get_num_threads)
+            torch_cpu = ctypes.CDLL(path)
+            fns = (torch_cpu.GOMP_parallel, torch_cpu.omp_get_thread_num, torch_cpu.omp_get_num_threads)
         except (OSError, AttributeError):
             continue
         return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in fns)   # type: ignore[return-value]

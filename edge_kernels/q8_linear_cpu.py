@@ -52,8 +52,10 @@ def check_weights(codes: torch.Tensor, scales: torch.Tensor) -> None:
 
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, threads: int = 1) -> torch.Tensor:
     """x (..., K) fp32 on the CPU -> (..., N) fp32: x . W^T over Q8_0 weights (check_weights'
-    layout; checked here). threads: the kernel's own (pthreads started per call; outputs split
-    between them). ValueError on bad arguments, RuntimeError when the kernel is missing."""
+    layout; checked here). threads: the kernel's workers, the outputs split between them (on
+    torch's OpenMP team where cpu_library found it, else pthreads started per call; the result
+    is the same bits at any count). ValueError on bad arguments, RuntimeError when the kernel
+    is missing or a thread could not be started."""
     check_weights(codes, scales)
     N, K = codes.shape
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() < 1 or x.shape[-1] != K:

@@ -165,6 +165,19 @@ def test_a_restored_int4_session_continues_bit_exactly(session_gguf, tmp_path):
         assert s.tokens() == want
 
 
+def test_a_q8_0_head_capsule_is_refused_where_the_head_would_be_fp16(session_gguf, tmp_path, monkeypatch):
+    from capsule.llm import q8_head
+    from edge_kernels import q8_linear_cpu
+    with _open(tmp_path / "s", session_gguf) as s:      # the GGUF's output matrix is Q8_0
+        assert isinstance(s.engine.runner.model.head, q8_head.Q8Head)
+        s.append("hello robot")
+        s.checkpoint()
+    for module in (q8_head, q8_linear_cpu):             # a build without the kernel: fp16 head
+        monkeypatch.setattr(module, "missing", lambda: "not built")
+    with pytest.raises(CapsuleMismatch, match="lm_head"):
+        _open(tmp_path / "s", session_gguf)
+
+
 def test_an_int4_capsule_is_refused_by_a_dequantized_session(session_gguf, tmp_path):
     with _open(tmp_path / "s", session_gguf) as s:
         s.append("hello robot")

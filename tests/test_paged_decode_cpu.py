@@ -74,6 +74,13 @@ def test_a_row_does_not_depend_on_the_batch_or_the_threads():
             assert torch.equal(_kernel(alone, True, threads=threads)[0], full[b])
 
 
+def test_an_empty_batch_is_an_empty_result():
+    c = _case(seed=4)
+    empty = {**c, "q": c["q"][:0], "tables": c["tables"][:0], "lens": c["lens"][:0]}
+    for threads in (1, 2):
+        assert _kernel(empty, True, threads=threads).shape == (0, H, c["q"].shape[-1])
+
+
 def test_bad_arguments_are_refused_before_the_kernel_reads():
     c = _case()
     bad_tables = c["tables"].clone()

@@ -247,6 +247,7 @@ int capsule_paged_decode(const float *q, const void *k, const void *v, int kv_bf
                              int64_t bs, float scale, float *out, int threads) {
     job_t base = {q, k, v, kv_bf16 != 0, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
                   B, H, KV, hd, bs, nb, scale, out, 0, 1, 0};
+    if (B <= 0) return 0;   /* an empty batch: nothing to read or write */
     int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
     if (n > B * KV) n = (int)(B * KV);
     job_t jobs[MAX_WORKERS];

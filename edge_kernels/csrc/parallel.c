@@ -7,6 +7,8 @@
  * spinning workers take the kernel's work at once. The loader (edge_kernels/cpu_library.py)
  * passes the runtime's GOMP_parallel / omp_get_thread_num / omp_get_num_threads (libgomp's, or
  * an LLVM / Intel runtime's GOMP-compatible ones) to capsule_use_openmp; without them, pthreads.
+ * On the OpenMP path a thread the runtime cannot start ends the process (libgomp's behaviour, as
+ * for torch's own operators); on the pthread path it is reported (-1).
  */
 #include <pthread.h>
 #include <stddef.h>
@@ -58,7 +60,8 @@ static void *one(void *p) {
 }
 
 int capsule_run_workers(int n, work_fn fn, void *arg) {
-    if (n <= 1) {
+    if (n <= 0) return 0;   /* no work (an empty batch) */
+    if (n == 1) {
         fn(arg, 0);
         return 0;
     }

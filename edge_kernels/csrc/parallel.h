@@ -5,9 +5,10 @@
 
 #define MAX_WORKERS 64
 
-/* fn(arg, worker) for worker = 0 .. n - 1, concurrently where threads are had; the calling
- * thread runs some of them. Returns 0, or -1 when a thread could not be started (then some
- * workers did not run: the caller reports the failure, never a partial result). */
+/* fn(arg, worker) for worker = 0 .. n - 1 (none when n <= 0), concurrently where threads are
+ * had; the calling thread runs some of them. Returns 0, or -1 when a pthread could not be
+ * started (then some workers did not run: the caller reports the failure, never a partial
+ * result; an OpenMP runtime that cannot start a thread ends the process, as libgomp does). */
 typedef void (*work_fn)(void *arg, int worker);
 int capsule_run_workers(int n, work_fn fn, void *arg);
 

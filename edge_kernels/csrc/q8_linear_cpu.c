@@ -8,7 +8,7 @@
  *
  * Order: each output is summed the same way whatever M, the thread count or the row's place in
  * the matrix: per block of 32, (w[0:16] * x[0:16] + w[16:32] * x[16:32]) * scale added to 16
- * lanes, then the lanes as a tree (l + l+8, + 4, + 2, + 1). No fused multiply-add (-std=c11 sets
+ * lanes, then the lanes as a tree (l + l+8, + 4, + 2, + 1). No fused multiply-add (setup.py passes
  * -ffp-contract=off): every clone rounds alike. No Python API: loaded with ctypes by
  * edge_kernels/cpu_library.py; edge_kernels/q8_linear_cpu.py checks every argument first.
  */

@@ -16,7 +16,7 @@
 #endif
 
 /* 16 floats as one value: GCC/Clang vector extensions, lowered to whatever SIMD the clone has
- * (one AVX-512 register, two AVX2, four SSE / NEON). No fused multiply-add (-std=c11 sets
+ * (one AVX-512 register, two AVX2, four SSE / NEON). No fused multiply-add (setup.py passes
  * -ffp-contract=off): every clone rounds alike, so results do not depend on the CPU's ISA. */
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));

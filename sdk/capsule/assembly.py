@@ -220,6 +220,8 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
     if llm and rt.linears != "dequantized":
         # int4 weights multiply in bf16: other logits, other K/V (named only when not the default)
         layout["linears"] = rt.linears
+        if _head_kind(llm) == "q8_0":   # other logits than the fp16 head (named only when Q8_0)
+            layout["lm_head"] = "q8_0"
     if actor is not None:   # a capsule's hidden state means nothing to other policy weights
         layout["policy"] = actor.runner.spec.digest
     model = "none"
@@ -246,11 +248,18 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
         layout["llm_engine"] = llm.engine.runner.engine_name
         layout["decode_attention"] = llm.engine.runner.model.decode_attention
         layout["linears"] = llm.info.linears
+        layout["lm_head"] = _head_kind(llm)
     if actor is not None:
         spec = actor.runner.spec
         layout["policy"] = f"{spec.name} ({spec.digest[:12]})"
     return {"model": _model_label(llm.info) if llm else "none", "tokenizer": llm.tokenizer.name if llm else "none",
             "layout": layout}
+
+
+def _head_kind(llm: LLMParts) -> str:
+    """How the logits' weights are held: "dense" (the model's dtype), or the head's kind."""
+    head = llm.engine.runner.model.head
+    return "dense" if head is None else str(getattr(head, "kind", type(head).__name__))
 
 
 def _model_label(info: ModelInfo) -> str:

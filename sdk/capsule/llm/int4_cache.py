@@ -36,7 +36,11 @@ def _key(digest: str) -> dict[str, str]:
     code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes()
                                    for m in (int4_linear, q8_head, q8_linear_cpu))
                           + Path(__file__).read_bytes()).hexdigest()
-    return {"format": "capsule-int4-2", "gguf_sha256": digest, "torch": torch.__version__, "code": code}
+    # the head an entry holds depends on whether the Q8_0 kernel was built: an entry packed
+    # without it (fp16 head) is not reused where it is, nor the reverse
+    q8 = "built" if q8_linear_cpu.missing() is None else "missing"
+    return {"format": "capsule-int4-2", "gguf_sha256": digest, "torch": torch.__version__, "code": code,
+            "q8_kernel": q8}
 
 
 def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: torch.Tensor, digest: str,

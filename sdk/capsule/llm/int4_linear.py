@@ -135,6 +135,8 @@ class HalfHead:
     (3.5 vs 6.0 ms, fp32 9.4) and keeps 3 more mantissa bits. Post-norm activations and
     logits sit far inside fp16's range."""
 
+    kind = "fp16"
+
     def __init__(self, weight: torch.Tensor):
         self.weight = weight.to(torch.float16).contiguous()                # (V, D)
 

@@ -6,9 +6,11 @@ largest read. A Q8_0 GGUF head stays int8 codes + fp32 scales and multiplies in 
 the logits are the dequantized model's up to summation order; fp16 (HalfHead) rounds each
 weight to 11 bits. Other head types, or no compiled kernel, keep HalfHead.
 
-Threading: Q8Head runs on torch's OpenMP team, as many workers as its intra-op threads (the
-Session's runtime.threads; edge_kernels.paged_decode_cpu.kernel_threads); a row's logits do not
-depend on the batch or the thread count.
+Threading: Q8Head runs edge_kernels.paged_decode_cpu.kernel_threads() workers: torch's
+intra-op threads (the Session's runtime.threads) on torch's own OpenMP team where the kernels
+found it (Linux), else 1. A row's logits do not depend on the batch or the thread count.
+Capsules bind the head's kind (assembly.py): a Q8_0 head's capsule is not continued under an
+fp16 head (a build without the kernel), nor the reverse.
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ Q8_0 = 8        # GGML type id
 
 
 class Head(Protocol):
-    """(..., D) hidden states -> (..., V) logits in the hidden states' dtype."""
+    """(..., D) hidden states -> (..., V) logits in the hidden states' dtype; `kind` names how
+    the weights are held ("q8_0", "fp16"), what a capsule binds."""
+
+    kind: str
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor: ...
 
@@ -34,6 +39,8 @@ class Head(Protocol):
 class Q8Head:
     """Logits over Q8_0 weights: codes (V, D) int8, scales (V, D/32) fp32 (q8_linear_cpu's
     layout, checked). Hot path: the logits are the one allocation."""
+
+    kind = "q8_0"
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor):
         check_weights(codes, scales)
@@ -53,5 +60,7 @@ def logits_head(weight: torch.Tensor, raw: np.ndarray | None, type_id: int | Non
     """Q8Head when the GGUF's head tensor (bytes `raw`, GGML type `type_id`) is Q8_0 and the
     kernel is built, else HalfHead of the dequantized `weight` (V, D)."""
     if type_id == Q8_0 and raw is not None and weight.device.type == "cpu" and missing() is None:
-        return Q8Head.from_gguf(raw)
+        head = Q8Head.from_gguf(raw)
+        if head.codes.shape == weight.shape:
+            return head
     return HalfHead(weight)
