@@ -86,3 +86,16 @@ def test_a_team_smaller_than_asked_still_runs_every_worker():
     x, codes, scales = _case()
     want = _digest(q8_linear(torch.from_numpy(x), torch.from_numpy(codes), torch.from_numpy(scales), 1).numpy())
     assert out.stdout.split() == [str(cpu_library.shares_openmp()), want]
+
+
+def test_callers_on_several_threads_at_once_get_their_own_results():
+    # two Sessions on two threads (a control loop beside a chat): each caller's OpenMP team is
+    # its own; no result leaks into another's
+    from concurrent.futures import ThreadPoolExecutor
+    x, codes, scales = (torch.from_numpy(a) for a in _case())
+    inputs = [x * (i + 1) for i in range(6)]
+    want = [q8_linear(xi, codes, scales, 1) for xi in inputs]
+    with ThreadPoolExecutor(3) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda xi: q8_linear(xi, codes, scales, 2), inputs))
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
