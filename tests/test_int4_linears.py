@@ -190,7 +190,10 @@ def test_the_decode_suites_weights_table(session_gguf):
     from capsule.tools.bench import BenchOptions
     from capsule.tools.bench.decode import robot_prompt
     from capsule.tools.bench.decode_linears import measure
-    m = measure(BenchOptions(model=str(session_gguf), device="cpu", quick=True, steps=3), robot_prompt, TOKENIZER, show=False)
+    reps_done = []   # the peers suite runs llama.cpp's rep r here, after every cell's rep r
+    m = measure(BenchOptions(model=str(session_gguf), device="cpu", quick=True, steps=3), robot_prompt, TOKENIZER,
+                show=False, after_rep=lambda r: reps_done.append((r, len(reps_done))))
+    assert reps_done == [(r, r) for r in range(m["reps"])]
     rows = {(r["linears"], r["attention"], r["threads"]): r for r in m["rows"]}
     assert {lin for lin, _, _ in rows} == {"dequantized", "int4"} and {t for _, _, t in rows} >= {1}
     assert {(a, r["kernel"]) for (_, a, _), r in rows.items()} == {("auto", "cpu"), ("torch", "torch")}

@@ -92,10 +92,11 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
-            show: bool = True) -> dict[str, Any]:
+            show: bool = True, after_rep: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Rows per (linears, attention, threads), the deviation, and the default attention's greedy
     ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot
-    load."""
+    load. after_rep(r): called after every cell's timed rep r (the peers suite measures
+    llama.cpp's rep r there, so drift in the machine's load falls on both alike)."""
     contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
     steps = opts.steps or (QUICK_STEPS if opts.quick else STEPS)
     steps = min(steps, QUICK_STEPS if opts.quick else STEPS)
@@ -125,6 +126,8 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
                         if r >= 0:
                             got[c].append(cell)
                         bar.update(1)
+                    if r >= 0 and after_rep is not None:
+                        after_rep(r)
             finally:
                 for s in sessions.values():
                     s.close()

@@ -2,9 +2,11 @@
 
 Decode at batch 1 (contexts 512 and 2,048; one and two threads): capsule's dequantized fp32
 layers vs llama.cpp on an F32 copy of the same GGUF (``peers_f32``: dequantized by the function
-capsule's loader uses), and capsule's int4 layers vs llama.cpp on the quantized GGUF itself; the same prompt
-ids go to both, and the greedy ids are compared. Then restore -> first token in a fresh process
-at 2,048 tokens, one thread: capsule's restore from its store vs llama.cpp's state file.
+capsule's loader uses), and capsule's int4 layers vs llama.cpp on the quantized GGUF itself; the
+same prompt ids go to both, and the greedy ids are compared. The reps interleave: llama.cpp's
+rep r runs right after capsule's rep r, so drift in the machine's load falls on both alike. Then
+restore -> first token in a fresh process at 2,048 tokens, one thread: capsule's restore from its
+store vs llama.cpp's state file.
 
 llama.cpp comes from ``llama-cpp-python`` in a venv of its own (``peers_env``), built from source
 on first use and cached. When it cannot be had, the suite says why and still reports capsule's
@@ -84,20 +86,19 @@ def _prompts(model: str, contexts: tuple[int, ...], work: Path) -> tuple[Any, di
     return tok, ids, restore
 
 
-def _llama_decode(env: peers_env.PeerEnv, files: dict[str, Path], ids: dict[int, list[int]], steps: int,
-                  reps: int, work: Path, show: bool) -> dict[tuple[str, int], list[dict[str, Any]]]:
-    cells = [(w, t) for w, _ in PEER_WEIGHTS for t in decode_linears.THREADS if t <= (os.cpu_count() or 1)]
-    got: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in cells}
+def _llama_decode_rep(env: peers_env.PeerEnv, files: dict[str, Path], ids: dict[int, list[int]],
+                      steps: int, r: int, work: Path, got: dict[str, list[dict[str, Any]]],
+                      show: bool) -> None:
+    """llama.cpp's rep r of every decode cell (weights x threads) into got["F32/1"], ..."""
     n_ctx = max(len(v) for v in ids.values()) + steps + 16
-    bar = progress(len(cells) * reps, "llama.cpp decode cells", show, unit="rep")
-    for r in range(reps):                         # interleaved, like capsule's cells
-        for w, t in cells:
-            job = {"model": str(files[w]), "threads": t, "n_ctx": n_ctx, "steps": steps + 1,
-                   "warmup_ids": ids[min(ids)][:64], "prompts": {str(n): v for n, v in ids.items()}}
-            got[(w, t)].append(_peer(env, "decode", _job(work, f"decode-{w}-{t}-{r}", job)))
-            bar.update(1)
+    cells = [(w, t) for w, _ in PEER_WEIGHTS for t in decode_linears.THREADS if t <= (os.cpu_count() or 1)]
+    bar = progress(len(cells), f"llama.cpp decode cells, rep {r + 1}", show, unit="cell")
+    for w, t in cells:
+        job = {"model": str(files[w]), "threads": t, "n_ctx": n_ctx, "steps": steps + 1,
+               "warmup_ids": ids[min(ids)][:64], "prompts": {str(n): v for n, v in ids.items()}}
+        got.setdefault(f"{w}/{t}", []).append(_peer(env, "decode", _job(work, f"decode-{w}-{t}-{r}", job)))
+        bar.update(1)
     bar.close()
-    return got
 
 
 def _llama_restore(env: peers_env.PeerEnv, files: dict[str, Path], ids: list[int], reps: int,
@@ -128,14 +129,27 @@ def run(opts: BenchOptions) -> SuiteResult:
     contexts = decode_linears.QUICK_CONTEXTS if opts.quick else decode_linears.CONTEXTS
     steps = min(opts.steps or decode_linears.STEPS, decode_linears.QUICK_STEPS if opts.quick else decode_linears.STEPS)
     reps = decode_linears.QUICK_REPS if opts.quick else decode_linears.REPS
-    ours = decode_linears.measure(opts, robot_prompt, show=show)
     env = peers_env.ensure(show)
-    results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python), "why": env.why,
-                                                                 "version": peers_env.VERSION, "built_s": env.built_s}}
     restore_reps = QUICK_RESTORE_REPS if opts.quick else RESTORE_REPS
     with tempfile.TemporaryDirectory(prefix="capsule-bench-peers-") as tmp:
         work = Path(tmp)
         tok, ids, restore_ids = _prompts(model, contexts, work)
+        files: dict[str, Path] = {}
+        if env.python is not None:
+            f32 = peers_env.cache_dir() / f"{src.stem}-{src.stat().st_size}.F32.gguf"
+            files = {"F32": write_f32_copy(src, f32), "Q4_1": src}
+        llama: dict[str, list[dict[str, Any]]] = {}
+
+        def peer_rep(r: int) -> None:   # llama.cpp's rep r right after capsule's rep r
+            if files:
+                _llama_decode_rep(env, files, ids, steps, r, work, llama, show)
+
+        ours = decode_linears.measure(opts, robot_prompt, show=show, after_rep=peer_rep)
+        results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python), "why": env.why,
+                                                                     "version": peers_env.VERSION,
+                                                                     "built_s": env.built_s}}
+        if files:
+            results["llama_decode"] = llama
         results["capsule_restore"] = {}
         for _, lin in PEER_WEIGHTS:
             (work / lin).mkdir()
@@ -146,11 +160,7 @@ def run(opts: BenchOptions) -> SuiteResult:
         results["capsule_lite_restore"] = measure_lite(
             (work / "dequantized" / f"transcript-{RESTORE_TOKENS}.txt").read_text(encoding="utf-8"),
             model, restore_reps, work)
-        if env.python is not None:
-            f32 = peers_env.cache_dir() / f"{src.stem}-{src.stat().st_size}.F32.gguf"
-            files = {"F32": write_f32_copy(src, f32), "Q4_1": src}
-            results["llama_decode"] = {f"{w}/{t}": v for (w, t), v in
-                                       _llama_decode(env, files, ids, steps, reps, work, show).items()}
+        if files:
             results["llama_restore"] = _llama_restore(env, files, restore_ids, restore_reps, work)
     results["load_average_1m"] = {"start": load0, "end": os.getloadavg()[0]}
     return SuiteResult(settings=settings(opts, contexts, steps, reps, restore_reps, src),
