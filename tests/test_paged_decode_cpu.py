@@ -5,6 +5,8 @@ runs inside the Session as runtime.decode_attention="cpu" (bound into capsules).
 The kernel is built by the package install (setup.py); a missing build fails these tests."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -205,6 +207,8 @@ def test_the_doctor_checks_the_kernel(monkeypatch, tmp_path):
     from capsule.tools.doctor import FAILED, MISSING, OK, probe_decode_kernel
     check = probe_decode_kernel(tmp_path)
     assert check.status == OK and "max |diff|" in check.reason, check
+    if sys.platform == "linux" and torch.backends.openmp.is_available():   # where the team is found
+        assert f"{torch.get_num_threads()} workers on torch's OpenMP team" in check.reason, check
     monkeypatch.setattr(paged_decode_cpu, "missing", lambda: "no C compiler at install")
     check = probe_decode_kernel(tmp_path)
     assert check.status == MISSING and "no C compiler at install" in check.reason

@@ -91,7 +91,8 @@ def probe_decode_kernel(work: Path) -> Check:
     small pool with holes; MISSING (saying why) where the install could not build it."""
     import torch
 
-    from edge_kernels.paged_decode_cpu import missing, paged_decode_attention_cpu
+    from edge_kernels.cpu_library import shares_openmp
+    from edge_kernels.paged_decode_cpu import kernel_threads, missing, paged_decode_attention_cpu
 
     from ..llm.paged_attention import paged_attention
 
@@ -108,8 +109,12 @@ def probe_decode_kernel(work: Path) -> Check:
                            0.125, valid[tables].view(2, -1))[:, 0]
     got = paged_decode_attention_cpu(q, pool[:, 0, 0], pool[:, 0, 1], tables, lens, 0.125, valid)
     err = (got - want).abs().max().item()
+    # where its workers run: torch's own OpenMP team, or pthreads (then 1 between torch's operators)
+    workers = (f"{kernel_threads()} workers on torch's OpenMP team" if shares_openmp()
+               else "1 worker between torch's operators (torch's OpenMP runtime not found: pthreads)")
     return Check("decode kernel", OK if err < 1e-5 else FAILED, "C",
-                 f"paged decode attention vs torch's: max |diff| {err:.1e} (decode attention 'auto' uses it on CPU)")
+                 f"paged decode attention vs torch's: max |diff| {err:.1e} (decode attention 'auto' uses it on "
+                 f"CPU); {workers}")
 
 
 def _no_cuda(name: str) -> Check | None:
