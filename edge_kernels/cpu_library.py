@@ -13,7 +13,6 @@ OS) they start pthreads per call.
 from __future__ import annotations
 
 import ctypes
-import functools
 import importlib.machinery
 import re
 import threading
@@ -36,14 +35,20 @@ SIGNATURES = {
 }
 _TORCH_CPU = re.compile(r"/libtorch_cpu[^/]*\.so[^/]*$")
 _FIRST_LOAD = threading.Lock()
+_loaded: tuple[ctypes.CDLL | None, str | None] | None = None
 
 
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    with _FIRST_LOAD:   # one load, one hand-over of the OpenMP runtime, whichever thread is first
-        return _load_once()
+    """The library (or why not), loaded by whichever thread comes first; after that a read, no
+    lock (callers are on the decode hot path: a few calls per step)."""
+    global _loaded
+    if _loaded is None:
+        with _FIRST_LOAD:   # one load, one hand-over of the OpenMP runtime
+            if _loaded is None:
+                _loaded = _load_once()
+    return _loaded
 
 
-@functools.lru_cache(maxsize=1)
 def _load_once() -> tuple[ctypes.CDLL | None, str | None]:
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:

@@ -248,8 +248,7 @@ int capsule_paged_decode(const float *q, const void *k, const void *v, int kv_bf
     job_t base = {q, k, v, kv_bf16 != 0, blk_stride, slot_stride, head_stride, tables, seq_lens, valid,
                   B, H, KV, hd, bs, nb, scale, out, 0, 1, 0};
     if (B <= 0) return 0;   /* an empty batch: nothing to read or write */
-    int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
-    if (n > B * KV) n = (int)(B * KV);
+    const int n = capsule_workers(threads, B * KV);
     job_t jobs[MAX_WORKERS];
     for (int i = 0; i < n; i++) {
         jobs[i] = base;

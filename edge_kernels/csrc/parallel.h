@@ -3,7 +3,15 @@
 #ifndef CAPSULE_PARALLEL_H
 #define CAPSULE_PARALLEL_H
 
+#include <stdint.h>
+
 #define MAX_WORKERS 64
+
+/* workers for `units` pieces of work at `threads` asked: 1 .. MAX_WORKERS, at most one a unit */
+static inline int capsule_workers(int threads, int64_t units) {
+    int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
+    return units < n ? (int)(units < 1 ? 1 : units) : n;
+}
 
 /* fn(arg, worker) for worker = 0 .. n - 1 (none when n <= 0), concurrently where threads are
  * had; the calling thread runs some of them. Returns 0, or -1 when a pthread could not be

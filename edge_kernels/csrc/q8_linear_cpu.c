@@ -93,8 +93,7 @@ static void worker(void *arg, int w) { groups((const job_t *)arg + w); }
 int capsule_q8_linear(const float *x, int64_t M, const int8_t *codes, const float *scales,
                       int64_t N, int64_t K, float *y, int threads) {
     const int64_t G = (N + ROWS - 1) / ROWS;
-    int n = threads < 1 ? 1 : threads > MAX_WORKERS ? MAX_WORKERS : threads;
-    if (n > G) n = (int)G;
+    const int n = capsule_workers(threads, G);
     job_t jobs[MAX_WORKERS];
     for (int i = 0; i < n; i++) jobs[i] = (job_t){x, codes, scales, y, M, N, K, G * i / n, G * (i + 1) / n};
     return capsule_run_workers(n, worker, jobs);
