@@ -1,8 +1,8 @@
 """The compiled CPU kernels (csrc/, built by `pip install` as the optional extension
 `_cpu_kernels`, setup.py), loaded once with ctypes, every entry point's C signature declared.
 
-No Python API and no torch here: `paged_decode_cpu.py`, `q8_linear_cpu.py` and
-`q4_linear_cpu.py` check their arguments and call `library()`. Where the extension was not built (no C compiler at install),
+No Python API and no torch here: `paged_decode_cpu.py`, `q8_linear_cpu.py`, `q4_linear_cpu.py`
+and `decode_step_cpu.py` check their arguments and call `library()`. Where the extension was not built (no C compiler at install),
 `missing()` says why and callers keep their torch operators.
 
 Threads: where torch is loaded when the library is first loaded (Linux), the kernels run their
@@ -31,6 +31,7 @@ SIGNATURES = {
                                     _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _P, _INT]),
     "capsule_q8_linear": (_INT, [_P, _I, _P, _P, _I, _I, _P, _INT]),
     "capsule_q4_linear": (_INT, [_P, _I, _P, _P, _P, _I, _I, _P, _INT, _INT]),
+    "capsule_decode_step_q4": (_INT, [_P, _P, _P, _P, _INT]),
     "capsule_use_openmp": (None, [_P, _P, _P]),
     "capsule_uses_openmp": (_INT, []),
 }

@@ -83,7 +83,7 @@ class DecodePlan:
             raise ValueError(f"seq_lens must lie in 1..{nb * block_size} (the table's slots), got "
                              f"{int(self.lens.min())}..{int(self.lens.max())}")
         self.valid = None if slot_valid is None else slot_valid.contiguous().view(torch.uint8)
-        self.block_size, self.threads = block_size, threads
+        self.block_size, self.threads, self.num_blocks = block_size, threads, num_blocks
         self.slots = self.cos = self.sin = None
         if slots is not None and rope is not None:
             self.slots = slots.to(torch.int64).contiguous()                    # (B,)

@@ -27,6 +27,18 @@ def missing() -> str | None:
     return cpu_library.missing()
 
 
+def fastest_path() -> str:
+    """The path "fastest" runs on this CPU (a name in PATHS other than "fastest")."""
+    x, w = torch.ones(1, 32), (torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(1, 16))
+    for name in ("avx512-vnni", "avx512", "avx2"):
+        try:
+            q4_linear(x, *w, path=name)
+            return name
+        except ValueError:
+            pass
+    return "portable"
+
+
 def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes (N, K) in 0..15, d and m (N, K/32) fp32) -> the kernel's (nibbles (N, K/2) uint8,
     d (N, K/32) fp32, m transposed (K/32, N) fp32), all contiguous."""

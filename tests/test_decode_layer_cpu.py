@@ -80,7 +80,7 @@ def test_the_decoder_step_equals_the_unfused_sequence(tmp_path, monkeypatch):
     runs = {}
     for fused in (True, False):
         if not fused:
-            def unfused(self, positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin):
+            def unfused(self, positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin, _plan):
                 plan = DecodePlan(block_tables, positions[:, 0] + 1, slot_valid, kv_pool.shape[0],
                                   kv_pool.shape[3])
                 B, Hq, hd = positions.shape[0], self.cfg.num_heads, self.cfg.head_dim

@@ -138,3 +138,16 @@ def test_bad_arguments_are_refused(harm):
         kw["path"] = "sse9"
     with pytest.raises(ValueError):
         q4_linear(x, nib, d, mt, **kw)
+
+
+def test_the_doctor_checks_the_kernel(monkeypatch, tmp_path):
+    from capsule.tools.doctor import FAILED, MISSING, OK, probe_int4_kernel
+    check = probe_int4_kernel(tmp_path)
+    assert check.status == OK and q4_linear_cpu.fastest_path() in check.reason, check
+    monkeypatch.setattr(q4_linear_cpu, "missing", lambda: "no C compiler at install")
+    check = probe_int4_kernel(tmp_path)
+    assert check.status == MISSING and "no C compiler at install" in check.reason
+    monkeypatch.undo()
+    real = q4_linear_cpu.q4_linear             # a kernel that drops the offsets is caught
+    monkeypatch.setattr(q4_linear_cpu, "q4_linear", lambda x, nib, d, mt, **kw: real(x, nib, d, mt * 0, **kw))
+    assert probe_int4_kernel(tmp_path).status == FAILED

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "parallel.h"
+#include "q4_linear_cpu.h"
 #include "vec16.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

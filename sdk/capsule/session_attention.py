@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, TypeVar
 
-from .assembly import Assembled, LLMParts, binding_of
+from .assembly import Assembled, LLMParts
+from .session_binding import binding_of
 from .errors import CapsuleMismatch
 
 log = logging.getLogger("capsule")

@@ -2,10 +2,10 @@
 later opens.
 
 Packing is the int4 open's extra cost (the codes unpacked from the GGUF blocks, repacked for
-torch's kernel, the head converted: ~0.3 s for SmolLM2, paid on every restore). The packed
-tensors go into one safetensors file keyed by the GGUF's sha256, torch's version (the packing
-is torch's own layout) and a fingerprint of this code; a later open maps it (no bytes read until
-used). An entry whose key, names, shapes or dtypes are not exactly what this model needs is
+the kernel, the head converted: ~0.3 s for SmolLM2, paid on every restore). The packed tensors
+go into one safetensors file keyed by the GGUF's sha256, torch's version (torch's kernel packs
+in its own layout), whether the package's C kernels are built (they choose the matrices and
+the head) and a fingerprint of this code; a later open maps it (no bytes read until used). An entry whose key, names, shapes or dtypes are not exactly what this model needs is
 ignored and written again; a cache that cannot be written only costs the packing next time.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from edge_kernels import q8_linear_cpu
+from edge_kernels import q4_linear_cpu, q8_linear_cpu
 
 from ..errors import ModelLoadError
 from ..paths import cache_dir, write_private
 from . import int4_linear, q8_head
 from .config import ModelConfig
-from .int4_linear import GROUP, MATRICES, HalfHead, Int4Linears, Int4Matrix, int4_layer
+from .int4_linear import MATRICES, HalfHead, Int4Linears, int4_layer, matrix_shapes, matrix_type
 from .linears import DenseLinears, LayerLinears
 from .q8_head import Head, Q8Head
 from .safetensors_mmap import read_safetensors
@@ -34,13 +34,13 @@ Packer = Callable[[], "tuple[list[LayerLinears], int, Head]"]
 
 def _key(digest: str) -> dict[str, str]:
     code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes()
-                                   for m in (int4_linear, q8_head, q8_linear_cpu))
+                                   for m in (int4_linear, q8_head, q8_linear_cpu, q4_linear_cpu))
                           + Path(__file__).read_bytes()).hexdigest()
-    # the head an entry holds depends on whether the Q8_0 kernel was built: an entry packed
-    # without it (fp16 head) is not reused where it is, nor the reverse
-    q8 = "built" if q8_linear_cpu.missing() is None else "missing"
-    return {"format": "capsule-int4-2", "gguf_sha256": digest, "torch": torch.__version__, "code": code,
-            "q8_kernel": q8}
+    # the matrices and head an entry holds depend on whether the C kernels were built: an entry
+    # packed without them (torch's int4, fp16 head) is not reused where they are, nor the reverse
+    built = "built" if q8_linear_cpu.missing() is None else "missing"
+    return {"format": "capsule-int4-3", "gguf_sha256": digest, "torch": torch.__version__, "code": code,
+            "cpu_kernels": built, "matrices": matrix_type().__name__}
 
 
 def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: torch.Tensor, digest: str,
@@ -58,7 +58,7 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
     for i, lin in enumerate(layers):
         if isinstance(lin, Int4Linears):
             for name, m in lin.matrices().items():
-                tensors[f"{i}.{name}.packed"], tensors[f"{i}.{name}.sz"] = m.packed, m.scales_zeros
+                tensors.update({f"{i}.{name}.{t}": v for t, v in m.tensors().items()})
     try:
         from safetensors.torch import save
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -79,16 +79,19 @@ def _load(path: Path, key: dict[str, str], cfg: ModelConfig, dense: Sequence[Den
     head = _head(tensors, head_weight)
     if head is None:
         return None
+    mat, shapes = matrix_type(), matrix_shapes(cfg)
     layers: list[LayerLinears] = []
     for i, lin in enumerate(dense):
-        found = {name: (tensors.pop(f"{i}.{name}.packed", None), tensors.pop(f"{i}.{name}.sz", None))
-                 for name in MATRICES}
-        if all(p is None and z is None for p, z in found.values()):
+        found = {name: {t: tensors.pop(f"{i}.{name}.{t}", None) for t in mat.TENSORS} for name in MATRICES}
+        if all(v is None for parts in found.values() for v in parts.values()):
             layers.append(lin)
             continue
-        if not all(_plausible(p, z) for p, z in found.values()):
+        if any(v is None for parts in found.values() for v in parts.values()):
             return None
-        layers.append(int4_layer(cfg, lin, {n: Int4Matrix.from_packed(p, z) for n, (p, z) in found.items()}))
+        mats = {name: mat.from_tensors(parts) for name, parts in found.items()}
+        if any(m is None or (m.n_out, m.n_in) != shapes[name] for name, m in mats.items()):
+            return None
+        layers.append(int4_layer(cfg, lin, mats))
     if tensors:   # names this model has no place for
         return None
     return layers, sum(isinstance(x, Int4Linears) for x in layers), head
@@ -107,16 +110,6 @@ def _head(tensors: dict[str, torch.Tensor], weight: torch.Tensor) -> Head | None
         except ValueError:
             return None
     return None
-
-
-def _plausible(packed: torch.Tensor | None, sz: torch.Tensor | None) -> bool:
-    """Shapes and dtypes as Int4Matrix makes them: packed (N, K/2) uint8, sz (K/32, N, 2) bf16."""
-    if packed is None or sz is None or packed.dtype != torch.uint8 or sz.dtype != torch.bfloat16:
-        return False
-    if packed.dim() != 2 or sz.dim() != 3 or sz.shape[2] != 2:
-        return False
-    n, k = sz.shape[1], sz.shape[0] * GROUP
-    return tuple(packed.shape) == (n, k // 2) and n % 16 == 0
 
 
 def _metadata(path: Path) -> dict[str, str] | None:

@@ -1,15 +1,20 @@
 """Weight-only int4 linears for a GGUF's Q4_0 / Q4_1 tensors: the 4-bit codes stay 4-bit.
 
 A Q4_0 / Q4_1 block holds 32 weights of one row: w = d * q + m, q in 0..15 (Q4_0: m = -8 d).
-torch's CPU kernel `_weight_int4pack_mm_for_cpu` (what gpt-fast's int4 path runs) computes with
-w = (q - 8) * scale + zero per group of 32 inputs, so (scale, zero) = (d, m + 8 d) are the
-same weights. A decode step then reads ~4.6 bits per weight instead of 32.
+A decode step then reads ~4.6 bits per weight instead of 32. Two kernels multiply by them:
 
-Numerics: the kernel's fast path is bfloat16 (its float32 path was ~30x slower here), so the
-activations going in, the scales and zeros, and the outputs are rounded to bf16. Not parity-exact
-with the dequantized float32 model (`capsule bench --suite decode` reports the logit deviation),
-but deterministic: the same tokens give the same K/V and logits, so a continuation after a
-restore is bit-exact, and capsules bind `runtime.linears` so one never continues under the other.
+- Q4KernelMatrix (where the package's C kernels are built: edge_kernels.q4_linear_cpu): the
+  GGUF's own nibbles, each 32-block of activations rounded to int16 on its own scale, exact
+  int32 dot products, fp32 scales: ~1e-5 of the dequantized weights' products.
+- Int4Matrix (else): torch's `_weight_int4pack_mm_for_cpu` (what gpt-fast's int4 path runs),
+  with w = (q - 8) * scale + zero per group of 32, so (scale, zero) = (d, m + 8 d). Its fast
+  path is bfloat16 (its float32 path was ~30x slower here): activations, scales, zeros and
+  outputs rounded to bf16, ~1e-2 of the products.
+
+Neither is parity-exact with the dequantized float32 model (`capsule bench --suite decode`
+reports the logit deviation), but each is deterministic: the same tokens give the same K/V and
+logits, so a continuation after a restore is bit-exact. Capsules bind `runtime.linears` and the
+activations' rounding (`activations`: "int16" / "bf16"), so one never continues under another.
 
 A layer is kept quantized only when all seven of its projections can be (Q4_0 / Q4_1, outputs
 a multiple of 16, the kernel's packing unit); other layers stay dense. q/k/v and gate/up are
@@ -18,11 +23,14 @@ Q8_0 output matrix kept as Q8_0 (q8_head.py), or else by an fp16 copy of it (Hal
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from edge_kernels import q4_linear_cpu
+from edge_kernels.paged_decode_cpu import kernel_threads
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
@@ -38,12 +46,20 @@ GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
 PROJECTIONS = QKV + ("self_attn.o_proj",) + GATE_UP + ("mlp.down_proj",)
 
 
-def kernel_missing() -> str | None:
-    """Why this torch cannot run int4 linears, or None when it can."""
+def torch_kernel_missing() -> str | None:
+    """Why this torch cannot run Int4Matrix, or None when it can."""
     if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") \
             or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
         return f"torch {torch.__version__} has no CPU int4 weight-only matmul (_weight_int4pack_mm_for_cpu)"
     return None
+
+
+def kernel_missing() -> str | None:
+    """Why no int4 linears can run here (neither kernel), or None when one can."""
+    torch_why = torch_kernel_missing()
+    if torch_why is None or q4_linear_cpu.missing() is None:
+        return None
+    return f"{torch_why}, and {q4_linear_cpu.missing()}"
 
 
 def q4_blocks(raw: np.ndarray, type_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,7 +82,11 @@ def q4_blocks(raw: np.ndarray, type_id: int) -> tuple[np.ndarray, np.ndarray, np
 
 
 class Int4Matrix:
-    """y = x @ W^T for W (N, K) held as packed int4 codes with bf16 (scale, zero) per group."""
+    """y = x @ W^T for W (N, K) held as packed int4 codes with bf16 (scale, zero) per group:
+    torch's kernel, bf16 activations."""
+
+    activations = "bf16"
+    TENSORS = ("packed", "sz")     # tensors(): what int4_cache keeps
 
     def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray):
         n, k = codes.shape
@@ -80,12 +100,23 @@ class Int4Matrix:
             .contiguous().to(torch.bfloat16)                                            # (K/32, N, 2)
 
     @classmethod
-    def from_packed(cls, packed: torch.Tensor, scales_zeros: torch.Tensor) -> "Int4Matrix":
-        """A matrix from what an earlier one held (``packed``, ``scales_zeros``: int4_cache)."""
+    def from_tensors(cls, t: Mapping[str, torch.Tensor]) -> "Int4Matrix | None":
+        """A matrix from what an earlier one's tensors() held (int4_cache), None where they are
+        not as __init__ makes them: packed (N, K/2) uint8, sz (K/32, N, 2) bf16, N % 16 == 0."""
+        packed, sz = t["packed"], t["sz"]
+        if packed.dtype != torch.uint8 or sz.dtype != torch.bfloat16 or packed.dim() != 2 \
+                or sz.dim() != 3 or sz.shape[2] != 2:
+            return None
+        n, k = sz.shape[1], sz.shape[0] * GROUP
+        if tuple(packed.shape) != (n, k // 2) or n % _N_MULTIPLE:
+            return None
         self = cls.__new__(cls)
-        self.n_in, self.n_out = scales_zeros.shape[0] * GROUP, scales_zeros.shape[1]
-        self.packed, self.scales_zeros = packed, scales_zeros
+        self.n_in, self.n_out = k, n
+        self.packed, self.scales_zeros = packed, sz
         return self
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"packed": self.packed, "sz": self.scales_zeros}
 
     @classmethod
     def fused(cls, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> "Int4Matrix":
@@ -99,17 +130,80 @@ class Int4Matrix:
         return y.to(x.dtype).view(*x.shape[:-1], self.n_out)
 
 
+class Q4KernelMatrix:
+    """y = x @ W^T for W (N, K) held as the GGUF's Q4 nibbles with fp32 (d, m) per block: the
+    package's C kernel (edge_kernels.q4_linear_cpu), int16 activations, fp32 in and out.
+    Threading: kernel_threads() workers per call (torch's intra-op count on its OpenMP team)."""
+
+    activations = "int16"
+    TENSORS = ("nib", "d", "mt")
+
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray):
+        self.matrix = q4_linear_cpu.Q4Matrix(*(torch.from_numpy(a) for a in q4_linear_cpu.pack(codes, d, m)))
+        self.n_out, self.n_in = self.matrix.n_out, self.matrix.n_in
+
+    @classmethod
+    def fused(cls, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> "Q4KernelMatrix":
+        """One matrix whose outputs are the parts' outputs, in order (q|k|v, gate|up)."""
+        return cls(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+    @classmethod
+    def from_tensors(cls, t: Mapping[str, torch.Tensor]) -> "Q4KernelMatrix | None":
+        """A matrix from what an earlier one's tensors() held (int4_cache), None where they are
+        not the kernel's layout (q4_linear_cpu.check_weights)."""
+        try:
+            inner = q4_linear_cpu.Q4Matrix(t["nib"], t["d"], t["mt"])
+        except ValueError:
+            return None
+        self = cls.__new__(cls)
+        self.matrix, self.n_out, self.n_in = inner, inner.n_out, inner.n_in
+        return self
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"nib": self.matrix.nib, "d": self.matrix.d, "mt": self.matrix.mt}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., K) -> (..., N) in fp32; another dtype goes through fp32
+        if x.dtype != torch.float32:
+            return self.matrix(x.float(), kernel_threads()).to(x.dtype)
+        return self.matrix(x, kernel_threads())
+
+
+class Matrix(Protocol):
+    """An int4 matrix: Int4Matrix or Q4KernelMatrix."""
+
+    activations: str        # how activations are rounded going in: a capsule binds it
+    TENSORS: tuple[str, ...]
+    n_in: int
+    n_out: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+def matrix_type() -> type:
+    """The int4 matrix this install multiplies with: Q4KernelMatrix where the C kernels are
+    built, else torch's Int4Matrix (kernel_missing() says when neither can run)."""
+    return Q4KernelMatrix if q4_linear_cpu.missing() is None else Int4Matrix
+
+
 class Int4Linears:
     """A layer's projections as int4 matrices: q|k|v and gate|up fused."""
 
-    def __init__(self, qkv: Int4Matrix, o: Int4Matrix, gate_up: Int4Matrix, down: Int4Matrix,
+    def __init__(self, qkv: Matrix, o: Matrix, gate_up: Matrix, down: Matrix,
                  qkv_widths: tuple[int, int, int], qkv_bias: torch.Tensor | None,
                  o_bias: torch.Tensor | None):
         self.qkv_m, self.o_m, self.gate_up, self.down = qkv, o, gate_up, down
         self.widths, self.qkv_bias, self.o_bias = list(qkv_widths), qkv_bias, o_bias
         self.inter = gate_up.n_out // 2
 
-    def matrices(self) -> dict[str, Int4Matrix]:
+    @property
+    def activations(self) -> str:
+        """How the matrices round activations ("int16": Q4KernelMatrix, "bf16": Int4Matrix)."""
+        return self.qkv_m.activations
+
+    def matrices(self) -> dict[str, Matrix]:
         """name (MATRICES) -> matrix: what int4_cache keeps."""
         return {"qkv": self.qkv_m, "o": self.o_m, "gate_up": self.gate_up, "down": self.down}
 
@@ -147,7 +241,13 @@ class HalfHead:
 MATRICES = ("qkv", "o", "gate_up", "down")     # an Int4Linears' matrices, by name
 
 
-def int4_layer(cfg: ModelConfig, lin: DenseLinears, mats: Mapping[str, Int4Matrix]) -> "Int4Linears":
+def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """name (MATRICES) -> (outputs, inputs) of a layer's int4 matrices."""
+    D, I, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
+    return {"qkv": (q + 2 * cfg.num_kv_heads * cfg.head_dim, D), "o": (D, q), "gate_up": (2 * I, D), "down": (D, I)}
+
+
+def int4_layer(cfg: ModelConfig, lin: DenseLinears, mats: Mapping[str, Matrix]) -> "Int4Linears":
     """One layer's Int4Linears from its matrices (MATRICES) and its dense linears' biases."""
     bias = None
     if lin.q_bias is not None:
@@ -164,8 +264,9 @@ def int4_layers(cfg: ModelConfig, dense: Sequence[DenseLinears], raw: Mapping[st
     Returns (linears per layer, how many layers are int4)."""
     missing = kernel_missing()
     if missing:
-        raise ModelLoadError(f"runtime.linears='int4' needs torch's int4 kernel: {missing}; "
-                             "use runtime.linears='dequantized'")
+        raise ModelLoadError(f"runtime.linears='int4' needs the package's C kernels or torch's int4 kernel: "
+                             f"{missing}; use runtime.linears='dequantized'")
+    mat = matrix_type()
     out: list[LayerLinears] = []
     for i, lin in enumerate(dense):
         p = f"model.layers.{i}."
@@ -180,8 +281,8 @@ def int4_layers(cfg: ModelConfig, dense: Sequence[DenseLinears], raw: Mapping[st
             if unpermute is not None and heads is not None:   # rows only: groups run along K
                 codes, d, m = (unpermute(a, heads) for a in (codes, d, m))
             parts[s] = (codes, d, m)
-        out.append(int4_layer(cfg, lin, {"qkv": Int4Matrix.fused([parts[s] for s in QKV]),
-                                         "o": Int4Matrix(*parts[PROJECTIONS[3]]),
-                                         "gate_up": Int4Matrix.fused([parts[s] for s in GATE_UP]),
-                                         "down": Int4Matrix(*parts[PROJECTIONS[6]])}))
+        out.append(int4_layer(cfg, lin, {"qkv": mat.fused([parts[s] for s in QKV]),
+                                         "o": mat(*parts[PROJECTIONS[3]]),
+                                         "gate_up": mat.fused([parts[s] for s in GATE_UP]),
+                                         "down": mat(*parts[PROJECTIONS[6]])}))
     return out, sum(isinstance(x, Int4Linears) for x in out)

@@ -19,6 +19,7 @@ from ..errors import ModelLoadError
 from .config import ModelConfig
 from .linears import DenseLinears, LayerLinears
 from .paged_attention import attention_mask, paged_attention, write_kv
+from .q4_step import q4_decode_step
 from .rope import apply_rope, rope_tables
 
 
@@ -97,6 +98,7 @@ class Decoder(nn.Module):
         self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
         self.linears_kind = "dequantized"
         self.head: Callable[[torch.Tensor], torch.Tensor] | None = None   # use_linears; None: dense
+        self.step = None    # use_linears: an all-int4 model's one-call decode step (q4_step.py)
         self.scale = cfg.head_dim ** -0.5
         self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
@@ -136,6 +138,7 @@ class Decoder(nn.Module):
         if len(linears) != self.cfg.num_layers:
             raise ValueError(f"need one LayerLinears per layer ({self.cfg.num_layers}), got {len(linears)}")
         self.linears, self.linears_kind, self.head = list(linears), kind, head
+        self.step = q4_decode_step(self.cfg, self.layers, self.linears, self.p("model.norm.weight"))
 
     def head_weight(self) -> torch.Tensor:
         """The (V, D) matrix the logits multiply by: the embeddings when tied."""
@@ -146,9 +149,9 @@ class Decoder(nn.Module):
 
     def _decode_kernel(self, positions: torch.Tensor, slot_mapping: torch.Tensor,
                        block_tables: torch.Tensor, kv_pool: torch.Tensor, slot_valid: torch.Tensor | None,
-                       cos: torch.Tensor, sin: torch.Tensor) -> DecodeKernel | None:
-        """The step's decode attention, its rows set up once for every layer (see DecodeKernel);
-        None: the torch path (paged_attention)."""
+                       cos: torch.Tensor, sin: torch.Tensor, plan: DecodePlan | None) -> DecodeKernel | None:
+        """The step's decode attention, its rows set up once for every layer (see DecodeKernel;
+        plan: _cpu_plan's, for "cpu"); None: the torch path (paged_attention)."""
         B, H, hd = positions.shape[0], self.cfg.num_heads, self.cfg.head_dim
         # seq_lens on the device, so a captured graph replays the Triton kernel unchanged
         seq_lens = positions[:, 0] + 1                                             # (B,)
@@ -161,12 +164,18 @@ class Decoder(nn.Module):
                 return paged_decode_attention(apply_rope(q, cos, sin).view(B, 1, H, hd), k_cache, v_cache,
                                               block_tables, lens32, self.scale, slot_valid)
             return triton
-        if self.decode_attention == "cpu":   # pool and dtype checked when the Session was built
-            plan = DecodePlan(block_tables, seq_lens, slot_valid, kv_pool.shape[0], kv_pool.shape[3],
-                              slots=slot_mapping, rope=(cos, sin), threads=kernel_threads())
+        if plan is not None:
             return lambda q, k, v, k_cache, v_cache: plan.layer(q, k, v, k_cache, v_cache,
                                                                 self.scale).view(B, 1, H, hd)
         return None
+
+    def _cpu_plan(self, positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                  kv_pool: torch.Tensor, slot_valid: torch.Tensor | None, cos: torch.Tensor,
+                  sin: torch.Tensor) -> DecodePlan:
+        """The C decode attention's rows for this step (pool and dtype checked when the Session
+        was built)."""
+        return DecodePlan(block_tables, positions[:, 0] + 1, slot_valid, kv_pool.shape[0], kv_pool.shape[3],
+                          slots=slot_mapping, rope=(cos, sin), threads=kernel_threads())
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, kv_pool: torch.Tensor, *,
@@ -197,8 +206,14 @@ class Decoder(nn.Module):
                        + torch.arange(bs, device=block_pos.device)).view(B, -1)  # (B, S)
         # one query per row over a full table (graph decode): the kernel reads slots 0..position
         # of each row, minus the holes, with no mask; on the device, so a graph replays it as is
-        kernel = (self._decode_kernel(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin)
-                  if T == 1 and block_pos is None and segments is None else None)
+        one_query = T == 1 and block_pos is None and segments is None
+        plan = (self._cpu_plan(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin)
+                if one_query and self.decode_attention == "cpu" else None)
+        if plan is not None and self.step is not None and capture is None:   # all-int4: one C call
+            x = F.embedding(input_ids.view(B), self.p("model.embed_tokens.weight"))   # (B, D)
+            return self.step(x, plan, kv_pool, self.scale, kernel_threads()).view(B, 1, -1)
+        kernel = (self._decode_kernel(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin, plan)
+                  if one_query else None)
         # the same for every layer: built once per forward
         mask = None if kernel is not None else attention_mask(positions, block_tables.shape[1] * kv_pool.shape[3],
                                                   H // KV, self.dtype, key_valid, key_pos)  # (B, 1, T*G, S)

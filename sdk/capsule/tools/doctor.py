@@ -117,6 +117,34 @@ def probe_decode_kernel(work: Path) -> Check:
                  f"CPU); {workers}")
 
 
+def probe_int4_kernel(work: Path) -> Check:
+    """The C Q4 linear (runtime.linears 'int4') against float64 products on a small Q4_1 matrix,
+    and its fastest SIMD path against the portable one (the same bits); MISSING where the install
+    could not build it (int4 then runs on torch's bf16 kernel)."""
+    import numpy as np
+    import torch
+
+    from edge_kernels.q4_linear_cpu import fastest_path, missing, pack, q4_linear
+
+    why = missing()
+    if why:
+        return Check("int4 kernel", MISSING, "-", f"{why}; runtime.linears 'int4' uses torch's bf16 kernel")
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, (48, 160), dtype=np.uint8)            # 5 blocks: a last quad of one
+    d, m = rng.random((48, 5), dtype=np.float32) * 0.01, rng.normal(0, 0.05, (48, 5)).astype(np.float32)
+    w = (codes.reshape(48, 5, 32) * d[..., None] + m[..., None]).reshape(48, 160).astype(np.float64)
+    x = torch.from_numpy(rng.normal(size=(3, 160)).astype(np.float32))
+    nib, dd, mt = (torch.from_numpy(a) for a in pack(codes, d, m))
+    got = q4_linear(x, nib, dd, mt, threads=2)
+    err = float(np.abs(got.numpy() - x.double().numpy() @ w.T).max())
+    same = torch.equal(got, q4_linear(x, nib, dd, mt, path="portable"))
+    path = fastest_path()
+    ok = err < 1e-4 and same
+    return Check("int4 kernel", OK if ok else FAILED, "C",
+                 f"Q4 linear vs float64: max |diff| {err:.1e}; {path} path "
+                 f"{'gives the portable path' if same else 'DIFFERS from the portable path'}'s bits")
+
+
 def _no_cuda(name: str) -> Check | None:
     import torch
 
@@ -265,10 +293,10 @@ def probe_llm_tensorrt(work: Path) -> Check:
 
 
 def default_probes() -> list[tuple[str, Probe]]:
-    """torch itself (it runs the LLM) and the C decode kernel, each registered policy engine's
+    """torch itself (it runs the LLM) and the C decode and int4 kernels, each registered policy engine's
     probe, the policy path, then the LLM engines besides torch."""
     engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
-    return [("torch cpu", probe_torch_cpu), ("decode kernel", probe_decode_kernel),
+    return [("torch cpu", probe_torch_cpu), ("decode kernel", probe_decode_kernel), ("int4 kernel", probe_int4_kernel),
             ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
             *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime),
             ("llm tensorrt", probe_llm_tensorrt)]
