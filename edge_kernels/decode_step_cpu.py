@@ -68,10 +68,9 @@ def _mat(m: Q4Matrix, n: int, k: int, bias: torch.Tensor | None, what: str) -> _
 
 
 class Q4DecodeStep:
-    """An all-int4 decoder's decode step (see the module docstring). Holds the layers' tensors
-    (their memory must outlive it: it keeps references). Threading: one step at a time per
-    object's caller is not required (no state is written), but the pool rows must be the
-    caller's (as for any decode step)."""
+    """An all-int4 decoder's decode step (see the module docstring); keeps references to the
+    layers' tensors. Threading: it holds no per-call state, so calls may run concurrently when
+    they write different pool slots (as any two decode steps must)."""
 
     def __init__(self, layers: Sequence[Q4Layer], final_norm: torch.Tensor, *, heads: int, kv_heads: int,
                  head_dim: int, eps: float):

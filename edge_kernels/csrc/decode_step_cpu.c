@@ -2,7 +2,8 @@
  * call: for each layer, RMSNorm, q|k|v, RoPE + the K/V write + paged attention
  * (decode_layer_cpu.c), o and the residual, RMSNorm, gate|up, SwiGLU, down and the residual;
  * then the final RMSNorm. Replaces the decoder's Python loop over the layers (~40 torch operators
- * a layer, ~3 ms a token on SmolLM2 here) for one query per row.
+ * a layer: SmolLM2 int4 at ctx 512 went 19.4 -> 16.0 ms a token at one thread, 12 -> 7 at two)
+ * for one query per row.
  *
  * Numerics (fixed, whatever the threads or the SIMD path): RMSNorm sums squares in 16 lanes then
  * vec16.h's tree, r = 1 / sqrtf(sum / D + eps), h = w * (x * r) (transformers' order); SwiGLU is

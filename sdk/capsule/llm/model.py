@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from devices.profile import DECODE_ATTENTION
+from edge_kernels.decode_step_cpu import Q4DecodeStep
 from edge_kernels.paged_decode import paged_decode_attention
 from edge_kernels.paged_decode_cpu import DecodePlan, kernel_threads
 
@@ -98,7 +99,7 @@ class Decoder(nn.Module):
         self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
         self.linears_kind = "dequantized"
         self.head: Callable[[torch.Tensor], torch.Tensor] | None = None   # use_linears; None: dense
-        self.step = None    # use_linears: an all-int4 model's one-call decode step (q4_step.py)
+        self.step: Q4DecodeStep | None = None   # use_linears: an all-int4 model's one-call decode step
         self.scale = cfg.head_dim ** -0.5
         self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
