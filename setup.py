@@ -12,7 +12,8 @@ import os
 
 from setuptools import Extension, setup
 
-SOURCES = ("paged_decode_cpu", "decode_layer_cpu", "q8_linear_cpu", "q4_linear_cpu", "decode_step_cpu", "parallel")
+SOURCES = ("paged_decode_cpu", "decode_layer_cpu", "q8_linear_cpu", "q4_linear_cpu", "q4_dequant_cpu",
+           "decode_step_cpu", "parallel")
 HEADERS = ("vec16", "parallel", "paged_decode_cpu", "q4_linear_cpu")
 KERNEL = Extension(
     "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in SOURCES],

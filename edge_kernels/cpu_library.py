@@ -32,6 +32,7 @@ SIGNATURES = {
     "capsule_q8_linear": (_INT, [_P, _I, _P, _P, _I, _I, _P, _INT]),
     "capsule_q4_linear": (_INT, [_P, _I, _P, _P, _P, _I, _I, _P, _INT, _INT]),
     "capsule_decode_step_q4": (_INT, [_P, _P, _P, _P, _INT]),
+    "capsule_q4_dequantize": (_INT, [_P, _P, _P, _I, _I, _P, _INT]),
     "capsule_use_openmp": (None, [_P, _P, _P]),
     "capsule_uses_openmp": (_INT, []),
 }

@@ -89,6 +89,26 @@ def test_a_rows_output_is_the_same_bits_whatever_the_batch_threads_or_path():
     assert q4_linear(x[:0], *w).shape == (0, 100)
 
 
+@pytest.mark.parametrize("qname", sorted(Q4))
+def test_dequantized_weights_are_ggufs_bit_for_bit(qname):
+    _, w, deq = _matrix(qname, 40, 160, seed=7)
+    mat = Q4Matrix(*w)
+    assert torch.equal(mat.dequantized(), deq) and torch.equal(mat.dequantized(threads=3), deq)
+
+
+def test_a_prefill_sized_batch_multiplies_the_dequantized_weights():
+    # from DENSE_ROWS rows on: torch's fp32 matmul over the exact weights; below: the int16 kernel
+    from edge_kernels.q4_linear_cpu import DENSE_ROWS
+    _, w, deq = _matrix("Q4_1", 48, 192, seed=8)
+    mat = Q4Matrix(*w)
+    x = torch.randn(DENSE_ROWS + 5, 192, generator=torch.Generator().manual_seed(9))
+    big = mat(x)
+    assert torch.equal(big, torch.nn.functional.linear(x, deq))
+    small = mat(x[:DENSE_ROWS - 1])
+    assert torch.equal(small, q4_linear(x[:DENSE_ROWS - 1], *w))
+    assert (small - big[:DENSE_ROWS - 1]).abs().max().item() < 1e-4 * big.abs().max().item()
+
+
 def test_a_matrix_object_gives_the_functions_bits():
     _, w, _ = _matrix("Q4_0", 64, 192, seed=4)
     mat = Q4Matrix(*w)
