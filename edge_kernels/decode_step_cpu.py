@@ -9,34 +9,14 @@ same bits at any thread count; not torch's summation order for the norms and Swi
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from . import cpu_library
+from .decode_step_abi import Layer, Mat, Step, run
 from .paged_decode_cpu import DecodePlan, check_layer
 from .q4_linear_cpu import Q4Matrix
-
-_P, _I = ctypes.c_void_p, ctypes.c_int64
-
-
-class _Mat(ctypes.Structure):       # csrc: q4_mat_t
-    _fields_ = [("nib", _P), ("d", _P), ("mt", _P), ("bias", _P)]
-
-
-class _Layer(ctypes.Structure):     # csrc: q4_layer_t
-    _fields_ = [("in_norm", _P), ("post_norm", _P), ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat)]
-
-
-class _Step(ctypes.Structure):      # csrc: q4_step_t
-    _fields_ = [("L", _I), ("D", _I), ("I", _I), ("H", _I), ("KV", _I), ("hd", _I),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("final_norm", _P),
-                ("pool", _P), ("kv_bf16", ctypes.c_int), ("blk_stride", _I), ("layer_stride", _I),
-                ("kv_stride", _I), ("bs", _I), ("B", _I), ("nb", _I), ("cos", _P), ("sin", _P),
-                ("slots", _P), ("tables", _P), ("seq_lens", _P), ("valid", _P)]
-
 
 @dataclass(frozen=True)
 class Q4Layer:
@@ -61,10 +41,10 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> int | None:
     return t.data_ptr()
 
 
-def _mat(m: Q4Matrix, n: int, k: int, bias: torch.Tensor | None, what: str) -> _Mat:
+def _mat(m: Q4Matrix, n: int, k: int, bias: torch.Tensor | None, what: str) -> Mat:
     if (m.n_out, m.n_in) != (n, k):
         raise ValueError(f"{what} must be ({n}, {k}), got ({m.n_out}, {m.n_in})")
-    return _Mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), _vector(bias, n, f"{what}'s bias"))
+    return Mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), _vector(bias, n, f"{what}'s bias"))
 
 
 class Q4DecodeStep:
@@ -84,12 +64,12 @@ class Q4DecodeStep:
         structs = []
         for i, lw in enumerate(layers):
             p = f"layer {i}'s"
-            structs.append(_Layer(_vector(lw.in_norm, D, f"{p} input norm"), _vector(lw.post_norm, D, f"{p} post norm"),
+            structs.append(Layer(_vector(lw.in_norm, D, f"{p} input norm"), _vector(lw.post_norm, D, f"{p} post norm"),
                                   _mat(lw.qkv, (H + 2 * KV) * hd, D, lw.qkv_bias, f"{p} q|k|v"),
                                   _mat(lw.o, D, H * hd, lw.o_bias, f"{p} o"),
                                   _mat(lw.gate_up, 2 * I, D, None, f"{p} gate|up"),
                                   _mat(lw.down, D, I, None, f"{p} down")))
-        self.layers = (_Layer * len(structs))(*structs)
+        self.layers = (Layer * len(structs))(*structs)
         self._keep = (list(layers), final_norm)
         self.final_norm = _vector(final_norm, D, "the final norm")
         self.L, self.D, self.I, self.H, self.KV, self.hd, self.eps = len(structs), D, I, H, KV, hd, float(eps)
@@ -114,13 +94,10 @@ class Q4DecodeStep:
         out = torch.empty(B, self.D, dtype=torch.float32)
         if B == 0:
             return out
-        s = _Step(self.L, self.D, self.I, self.H, self.KV, self.hd, self.eps, float(scale), self.final_norm,
+        s = Step(self.L, self.D, self.I, self.H, self.KV, self.hd, self.eps, float(scale), self.final_norm,
                   kv_pool.data_ptr(), kv_pool.dtype == torch.bfloat16, stride[0], stride[1], stride[2],
                   plan.block_size, B, plan.tables.shape[1], plan.cos.data_ptr(), plan.sin.data_ptr(),
                   plan.slots.data_ptr(), plan.tables.data_ptr(), plan.lens.data_ptr(),
                   None if plan.valid is None else plan.valid.data_ptr())
-        rc = cpu_library.library().capsule_decode_step_q4(ctypes.addressof(self.layers), ctypes.addressof(s),
-                                                          rows.data_ptr(), out.data_ptr(), max(1, threads))
-        if rc != 0:
-            raise RuntimeError("the CPU int4 decode step could not get memory or start its threads")
+        run(self.layers, s, rows.data_ptr(), out.data_ptr(), threads)
         return out

@@ -110,7 +110,7 @@ def test_the_steps_bits_do_not_depend_on_the_threads(int4_gguf, tmp_path):
         for threads in (2, 3, 16):
             pool.tensor.copy_(before)
             assert torch.equal(m.step(x, plan, pool.tensor, m.scale, threads=threads), want)
-            assert torch.equal(pool.tensor, want_kv)
+            assert torch.equal(pool.tensor.view(torch.int32), want_kv.view(torch.int32))   # free slots: any bits
         assert torch.equal(x, m.p("model.embed_tokens.weight")[ids.view(-1)])   # its input untouched
         # bad arguments are refused before the kernel runs
         with pytest.raises(ValueError, match="x must be"):

@@ -23,7 +23,10 @@ from ..state import fields
 from ..state.binding import Binding
 from .kitfile import KitFile
 
-FORMAT = "capsule.lite-kit/1"
+FORMAT = "capsule.lite-kit/1"      # onnxruntime graphs
+FORMAT_2 = "capsule.lite-kit/2"    # "engine" named: "int4-c", an all-int4 model's C step
+ENGINES = {FORMAT: ("onnxruntime",), FORMAT_2: ("int4-c",)}
+DTYPES = {"F32": "float32", "U8": "uint8", "I8": "int8"}   # a weight's dtype: safetensors' name -> numpy's
 MAX_POOL_BYTES = 1 << 36          # 64 GiB: more than any edge device's pool
 MAX_DIM = 1 << 31
 MAX_WEIGHTS = 1 << 16
@@ -31,12 +34,28 @@ MAX_WEIGHTS = 1 << 16
 
 @dataclass(frozen=True)
 class WeightSource:
-    """Where one graph weight comes from: ``file`` (an index into Kit.files) and ``tensor`` (its
-    name there), or file -1: the kit's blob ``weight/<name>``."""
+    """Where one weight comes from: ``file`` (an index into Kit.files) and ``tensor`` (its name
+    there), or file -1: the kit's blob ``weight/<name>``; ``dtype`` one of DTYPES (F32 in a /1 kit)."""
     name: str
     shape: tuple[int, ...]
     file: int
     tensor: str
+    dtype: str = "F32"
+
+
+@dataclass(frozen=True)
+class Int4Shape:
+    """An int4-c kit's model (its "model" entry, checked)."""
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+    qkv_bias: bool
+    o_bias: bool
 
 
 @dataclass(frozen=True)
@@ -71,15 +90,21 @@ class Kit:
     onnxruntime: str                 # the version that wrote it (another may round differently)
     weights: tuple[WeightSource, ...]
     files: tuple[WeightFile, ...]
+    engine: str = "onnxruntime"      # what runs the steps: ENGINES
+    model: Int4Shape | None = None   # an int4-c kit's
 
     @classmethod
     def read(cls, path: Path) -> "Kit":
         kit = KitFile.open(path)
         m = kit.meta
         try:
-            if m.get("format") != FORMAT:
-                raise fields.FieldError("format", f"is {str(m.get('format'))[:40]!r}, not {FORMAT!r} "
+            if m.get("format") not in ENGINES:
+                raise fields.FieldError("format", f"is {str(m.get('format'))[:40]!r}, not one of {sorted(ENGINES)} "
                                         "(another SDK version wrote it); write it again")
+            engine = m.get("engine", "onnxruntime")
+            if engine not in ENGINES[m["format"]]:
+                raise fields.FieldError("engine", f"{str(engine)[:40]!r} is not one of {ENGINES[m['format']]}")
+            model = _int4_shape(m.get("model")) if engine == "int4-c" else None
             pool = tuple(fields.integer(v, f"pool[{i}]", 1, MAX_DIM)
                          for i, v in enumerate(fields.seq(m.get("pool"), "pool", 6)))
             if len(pool) != 6 or pool[2] != 2:
@@ -118,7 +143,7 @@ class Kit:
                               for v in fields.seq(m.get("eos_ids"), "eos_ids", 64)),
                 threads=fields.integer(m.get("threads"), "threads", 1, 1024),
                 onnxruntime=fields.text(m.get("onnxruntime"), "onnxruntime", 64),
-                weights=weights, files=files)
+                weights=weights, files=files, engine=engine, model=model)
         except fields.FieldError as exc:
             raise CapsuleCorrupt(f"restore kit {path}: {exc}; write it again (Session.write_lite_kit)") from None
 
@@ -127,8 +152,8 @@ class Kit:
         return Pieces(self.file.blob("vocab/pieces"), self.max_id, self.file.path)
 
     def map_weights(self) -> dict[str, np.ndarray]:
-        """Every graph weight, fp32, by graph input name: views of the mapped weight files (their
-        identity checked first) or of the kit. CapsuleMismatch when a weights file changed."""
+        """Every weight, of its dtype, by name: views of the mapped weight files (their identity
+        checked first) or of the kit. CapsuleMismatch when a weights file changed."""
         maps = [_map_checked(f) for f in self.files]
         out: dict[str, np.ndarray] = {}
         for w in self.weights:
@@ -137,11 +162,11 @@ class Kit:
             else:
                 mapped, entries = maps[w.file]
                 e = entries.get(w.tensor)
-                if e is None or e.dtype != "F32" or e.shape != w.shape:
-                    raise CapsuleMismatch(f"weights file {self.files[w.file].path}: no fp32 tensor "
+                if e is None or e.dtype != w.dtype or e.shape != w.shape:
+                    raise CapsuleMismatch(f"weights file {self.files[w.file].path}: no {w.dtype} tensor "
                                           f"{w.tensor!r} of shape {list(w.shape)}; write the kit again")
                 raw = memoryview(mapped)[e.start:e.end]
-            arr = np.frombuffer(raw, dtype="<f4")
+            arr = np.frombuffer(raw, dtype=np.dtype(DTYPES[w.dtype]).newbyteorder("<"))
             if arr.size != int(np.prod(w.shape, dtype=np.int64)):
                 raise CapsuleCorrupt(f"restore kit {self.file.path}: weight {w.name!r} holds {arr.size} "
                                      f"values, its shape {list(w.shape)} needs another number")
@@ -178,9 +203,33 @@ def _weight(value: object, i: int, n_files: int) -> WeightSource:
     w = fields.obj(value, f"weights[{i}]")
     shape = tuple(fields.integer(d, f"weights[{i}].shape[]", 0, MAX_DIM)
                   for d in fields.seq(w.get("shape"), f"weights[{i}].shape", 8))
+    dtype = w.get("dtype", "F32")
+    if dtype not in DTYPES:
+        raise fields.FieldError(f"weights[{i}].dtype", f"{str(dtype)[:16]!r} is not one of {sorted(DTYPES)}")
     return WeightSource(fields.text(w.get("name"), f"weights[{i}].name", 512), shape,
                         fields.integer(w.get("file"), f"weights[{i}].file", -1, n_files - 1),
-                        fields.text(w.get("tensor"), f"weights[{i}].tensor", 512))
+                        fields.text(w.get("tensor"), f"weights[{i}].tensor", 512), dtype)
+
+
+def _int4_shape(value: object) -> Int4Shape:
+    m = fields.obj(value, "model")
+    ints = {k: fields.integer(m.get(k), f"model.{k}", 1, MAX_DIM)
+            for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim")}
+    floats = {}
+    for k in ("eps", "scale"):
+        v = m.get(k)
+        if type(v) not in (int, float) or not 0 < v < 1e6:
+            raise fields.FieldError(f"model.{k}", f"{str(v)[:24]!r} is not a positive number")
+        floats[k] = float(v)
+    flags = {}
+    for k in ("qkv_bias", "o_bias"):
+        if type(m.get(k)) is not bool:
+            raise fields.FieldError(f"model.{k}", "is not true or false")
+        flags[k] = m[k]
+    if ints["heads"] % ints["kv_heads"] or ints["layers"] > 4096:
+        raise fields.FieldError("model", f"heads {ints['heads']} / kv heads {ints['kv_heads']} / layers "
+                                f"{ints['layers']} do not describe a decoder")
+    return Int4Shape(**ints, **floats, **flags)
 
 
 def kit_path(store: str | os.PathLike) -> Path:

@@ -6,12 +6,14 @@ second after a power cut, the very tokens the Session would generate.
 binding (the same checks as a Session's restore: checksums, manifest bounds, binding), one
 stream's token ids and block table, and that stream's K/V blocks into a numpy pool; then
 ``generate(n)`` decodes greedily through the kit's onnxruntime graphs (the first step's ORT
-session builds on a background thread while the capsule's pages are read). It imports numpy,
-onnxruntime and the SDK's torch-free store and state readers, nothing else.
+session builds on a background thread while the capsule's pages are read), or, for a kit of an
+all-int4 model (runtime.linears 'int4'), through the package's C decode step and Q8_0 head
+(``int4_steps.py``). It imports numpy, onnxruntime (ORT kits) or the C kernels (int4 kits) and
+the SDK's torch-free store and state readers, nothing else.
 
-Exactness: the graphs, weights and inputs are the Session's onnxruntime engine's, so each token
-is the one ``Session.generate(n, stream=...)`` (greedy, the default) returns after restoring
-the same capsule: a robot can speak or act on them while the full Session loads, then let the
+Exactness: the graphs (or C functions), weights and inputs are the Session's engine's, so each
+token is the one ``Session.generate(n, stream=...)`` (greedy, the default) returns after
+restoring the same capsule: a robot can speak or act on them while the full Session loads, then let the
 Session regenerate them (same ids) and go on. Nothing is added to the store (its open runs the
 store's recovery, as a Session's does), its lock is held only inside ``open`` (a Session opened
 meanwhile would find it taken), and the tokens generated here are not checkpointed.
@@ -21,7 +23,7 @@ generate (its new tokens need a prefill; only decode steps run here), a stream h
 facts (a memory region), a reply that would pass max_context (the Session shifts the context),
 sampling (greedy only), and a store without a kit.
 
-Threading: one LiteResume per thread; it holds its own pool and ORT sessions.
+Threading: one LiteResume per thread; it holds its own pool and ORT sessions (or C step).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from ..store import Store
 from ..tokenize import incremental_state
 from ..tokenize.utf8 import check_tail, split_incomplete, without_eos
 from .kit import Kit, Pieces, kit_path
+from .int4_steps import Int4Steps
 from .steps import LiteSteps, Sessions, step_name
 
 KV_REGION = "kv_pool"
@@ -54,7 +57,7 @@ class LiteResume:
     """One stream of a store's newest matching capsule, continued greedily (module docstring)."""
 
     def __init__(self, kit: Kit, epoch: int, stream: str, ids: list[int], blocks: list[int],
-                 used: set[int], tail: bytes, pool: np.ndarray, steps: LiteSteps):
+                 used: set[int], tail: bytes, pool: np.ndarray, steps: LiteSteps | Int4Steps):
         self.kit, self.epoch, self.stream = kit, epoch, stream
         self._ids, self._blocks, self._used = ids, blocks, used
         self._tail = tail            # the bytes of a character the last reply ended inside
@@ -66,7 +69,8 @@ class LiteResume:
              sign_key: bytes | None = None, threads: int | None = None) -> "LiteResume":
         """Read the kit and the newest capsule of ``store`` that matches it (see the module
         docstring). threads: ORT's intra-op threads (default: the Session's, as the kit records;
-        another count may split a sum differently, and then a token could differ). Raises CapsuleError subclasses only: LiteUnsupported,
+        another count may split a sum differently, and then a token could differ), or the int4
+        kernels' workers (any count gives the same bits). Raises CapsuleError subclasses only: LiteUnsupported,
         CapsuleMismatch, CapsuleCorrupt, UnknownStream, StoreError."""
         path = kit_path(store) if kit is None else Path(kit)
         try:
@@ -76,7 +80,8 @@ class LiteResume:
                                   "LLM engine and call Session.write_lite_kit()") from None
         limits = Limits(k.max_context, k.max_blocks, k.max_manifest_bytes)
         parsed: dict[int, Manifest] = {}
-        sessions = Sessions(k, threads if threads is not None else k.threads)
+        threads = threads if threads is not None else k.threads
+        sessions = Sessions(k, threads) if k.engine == "onnxruntime" else None
 
         def accept(epoch: int, data: bytes) -> None:
             try:
@@ -88,7 +93,7 @@ class LiteResume:
                 raise CapsuleMismatch("taken against another setup than the restore kit's; " + "; ".join(diffs))
             parsed[epoch] = manifest
             width = _first_width(k, manifest, stream)
-            if width is not None:        # the first token's sessions build while the pages are read
+            if width is not None and sessions is not None:   # built while the pages are read
                 sessions.start(step_name(1, width))
                 sessions.start("head/1")
 
@@ -112,7 +117,8 @@ class LiteResume:
                 rows[b] = np.frombuffer(page, dtype=np.uint8)
         finally:
             st.close()
-        steps = LiteSteps(k, k.map_weights(), pool, sessions)
+        steps = (LiteSteps(k, k.map_weights(), pool, sessions) if sessions is not None
+                 else Int4Steps(k, k.map_weights(), pool, threads))
         return cls(k, epoch, stream, ids, blocks, used, tail, pool, steps)
 
     @property

@@ -47,7 +47,7 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
                pack: Packer) -> tuple[list[LayerLinears], int, Head]:
     """(linears per layer, how many are int4, the logits head): mapped from the cache entry of
     `digest`, else built (``pack()``) and the entry written."""
-    path = cache_dir() / "gguf" / f"{digest}-int4.safetensors"
+    path = entry_path(digest)
     key = _key(digest)
     cached = _load(path, key, cfg, dense, head_weight)
     if cached is not None:
@@ -66,6 +66,11 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
     except OSError:
         pass   # a read-only or full cache: the next open packs again
     return layers, n, head
+
+
+def entry_path(digest: str) -> Path:
+    """Where the cache entry of the GGUF with this sha256 lives (it may not exist)."""
+    return cache_dir() / "gguf" / f"{digest}-int4.safetensors"
 
 
 def _load(path: Path, key: dict[str, str], cfg: ModelConfig, dense: Sequence[DenseLinears],

@@ -22,11 +22,14 @@ import numpy as np
 import torch
 
 from ..errors import LiteUnsupported, ModelLoadError
-from ..lite.kit import FORMAT, file_identity
+from ..lite.kit import DTYPES as KIT_DTYPES
+from ..lite.kit import FORMAT, FORMAT_2, file_identity
 from ..lite.kitfile import pack
 from ..paths import write_private
 from ..safetensors_header import header_bytes, parse_header
 from .kv_pool import SCRATCH_BLOCK
+from .lite_kit_int4 import ENGINE as INT4_ENGINE
+from .lite_kit_int4 import int4_kit_parts
 from .onnx_step import StepShape, build_head, build_step
 from .step_io import table_bucket
 
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
     from .loader import ModelInfo
 
 log = logging.getLogger("capsule")
+# a kit tensor's safetensors dtype name, by torch dtype
+DTYPES = {getattr(torch, name): st for st, name in KIT_DTYPES.items()}
 
 
 def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "ModelInfo | None",
@@ -46,24 +51,30 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
     on the onnxruntime engine on CPU."""
     t0 = time.perf_counter()
     runner, pool = engine.runner, engine.pool
-    step = runner.step
-    if runner.engine_name != "onnxruntime" or pool.tensor.device.type != "cpu":
-        raise LiteUnsupported(f"a restore kit runs the onnxruntime LLM engine's graphs on CPU; this Session "
-                              f"runs '{runner.engine_name}' on {pool.tensor.device}: open it with "
-                              "device='cpu', runtime={'llm_engines': ['onnxruntime']}")
     model = runner.model
     NB, L, two, bs, KV, hd = pool.tensor.shape
     widths = [table_bucket(n) for n in range(1, runner.max_blocks + 1)]
     blobs: dict[str, bytes | memoryview] = {}
     weights: dict[str, torch.Tensor] = {}
-    for rows in sorted({1, runner.buckets[0]}):
-        for nb in sorted(set(widths)):
-            blob, w = build_step(model, StepShape(rows, 1, nb, NB, bs))
-            blobs[f"step/{rows}/{nb}"] = blob
+    extra: dict[str, object] = {"format": FORMAT, "onnxruntime": ""}
+    if pool.tensor.device.type == "cpu" and runner.engine_name == "torch" and model.linears_kind == "int4":
+        weights, extra["model"] = int4_kit_parts(runner)       # the C step: no graphs
+        extra.update(format=FORMAT_2, engine=INT4_ENGINE)
+    elif runner.engine_name != "onnxruntime" or pool.tensor.device.type != "cpu":
+        raise LiteUnsupported(f"a restore kit runs the onnxruntime LLM engine's graphs, or an int4 model's C step, "
+                              f"on CPU; this Session runs '{runner.engine_name}' on {pool.tensor.device}: open it "
+                              "with device='cpu' and runtime={'llm_engines': ['onnxruntime']} or "
+                              "runtime={'linears': 'int4'}")
+    else:
+        extra["onnxruntime"] = runner.step.ort_version
+        for rows in sorted({1, runner.buckets[0]}):
+            for nb in sorted(set(widths)):
+                blob, w = build_step(model, StepShape(rows, 1, nb, NB, bs))
+                blobs[f"step/{rows}/{nb}"] = blob
+                weights.update(w)
+            blob, w = build_head(model, rows)
+            blobs[f"head/{rows}"] = blob
             weights.update(w)
-        blob, w = build_head(model, rows)
-        blobs[f"head/{rows}"] = blob
-        weights.update(w)
     max_id = min(model.cfg.vocab_size - 1, tok.max_id)
     gaps, blobs["vocab/pieces"] = _pieces(tok, max_id)
     files, sources = _match_files(weights, [Path(f) for f in (info.weight_files if info else ())])
@@ -71,22 +82,23 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
         if name not in sources:
             blobs[f"weight/{name}"] = memoryview(t.contiguous().numpy()).cast("B")
     meta = {
-        "format": FORMAT, "binding": ckpt.binding.to_dict(),
+        **extra, "binding": ckpt.binding.to_dict(),
         "max_context": runner.max_context, "max_blocks": runner.max_blocks,
         "max_page_bytes": ckpt.snap.max_page_bytes(), "max_manifest_bytes": ckpt.limits.max_manifest_bytes,
         "pool": [NB, L, two, bs, KV, hd], "scratch_block": SCRATCH_BLOCK,
         "decode_rows": runner.buckets[0], "table_buckets": widths,
         "vocab": {"name": tok.name, "fingerprint": tok.fingerprint, "size": model.cfg.vocab_size,
                   "max_id": max_id, "gaps": gaps},
-        "hidden_size": model.cfg.hidden_size, "eos_ids": list(tok.eos_ids), "threads": step.threads,
-        "onnxruntime": step.ort_version,
+        "hidden_size": model.cfg.hidden_size, "eos_ids": list(tok.eos_ids),
+        "threads": runner.step.threads if runner.engine_name == "onnxruntime" else torch.get_num_threads(),
         "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns, "header_xxh3": f.header_xxh3}
                   for f in files],
-        "weights": [{"name": n, "shape": list(t.shape), "file": sources.get(n, (-1, ""))[0],
+        "weights": [{"name": n, "shape": list(t.shape), "dtype": DTYPES[t.dtype], "file": sources.get(n, (-1, ""))[0],
                      "tensor": sources.get(n, (-1, ""))[1]} for n, t in weights.items()],
     }
     write_private(out, b"".join(pack(meta, blobs)))
-    log.info("restore kit %s: %d graphs, %d of %d weights mapped from %d file(s), %.2f s", out,
+    log.info("restore kit %s (%s): %d graphs, %d of %d weights mapped from %d file(s), %.2f s", out,
+             extra.get("engine", "onnxruntime"),
              sum(k.startswith(("step/", "head/")) for k in blobs), len(sources), len(weights), len(files),
              time.perf_counter() - t0)
     return out
@@ -111,9 +123,9 @@ def _pieces(tok: "ReferenceTokenizer", max_id: int) -> tuple[list[int], bytes]:
 
 
 def _match_files(weights: dict[str, torch.Tensor], candidates: list[Path]) -> tuple[list, dict[str, tuple[int, str]]]:
-    """(the files used, graph weight name -> (file index, tensor name)) for every weight that is
-    bit for bit an fp32 tensor of a candidate file: the same name first, else one of its shape
-    (a tied head is the embeddings)."""
+    """(the files used, weight name -> (file index, tensor name)) for every weight that is bit for
+    bit a tensor of its dtype in a candidate file: the same name first, else one of its shape
+    (a tied head is the embeddings; an int4 cache entry names its tensors its own way)."""
     used, sources = [], {}
     for path in candidates:
         try:
@@ -128,13 +140,13 @@ def _match_files(weights: dict[str, torch.Tensor], candidates: list[Path]) -> tu
         for name, t in weights.items():
             if name in sources:
                 continue
-            want = t.detach().contiguous().numpy().view(np.uint32)
+            want = t.detach().contiguous().numpy().reshape(-1).view(np.uint8)
             names = [name] + [n for n, e in entries.items() if n != name and e.shape == tuple(t.shape)]
             for n in names:
                 e = entries.get(n)
-                if e is None or e.dtype != "F32" or e.shape != tuple(t.shape):
+                if e is None or e.dtype != DTYPES[t.dtype] or e.shape != tuple(t.shape):
                     continue
-                if np.array_equal(mapped[e.start:e.end].view(np.uint32).reshape(want.shape), want):
+                if np.array_equal(mapped[e.start:e.end], want):
                     sources[name] = (len(used), n)
                     found = True
                     break

@@ -100,13 +100,15 @@ def load_model(source: str | os.PathLike, *, device: str | torch.device = "cpu",
             raise ModelLoadError(f"runtime.linears='int4' keeps a GGUF's Q4_0 / Q4_1 weights quantized; "
                                  f"{src} is no GGUF file (load a Q4_0 / Q4_1 GGUF, or use "
                                  "runtime.linears='dequantized')")
-        from .int4_cache import int4_model
+        from .int4_cache import entry_path, int4_model
         dense = [lw.dense() for lw in decoder.layers]
         head_weight = decoder.head_weight()
         layers, n, head = int4_model(cfg, dense, head_weight, info.weights_digest,
                                      lambda: gguf_weights.int4_linears(header, cfg, dense, head_weight))
         decoder.use_linears(layers, "int4", head=head)
-        info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)")
+        entry = entry_path(info.weights_digest)   # the packed tensors' file, for a restore kit
+        files = info.weight_files + ((str(entry),) if entry.is_file() else ())
+        info = dataclasses.replace(info, linears=f"int4 ({n} of {cfg.num_layers} layers)", weight_files=files)
     return decoder, info
 
 

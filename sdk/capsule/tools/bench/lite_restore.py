@@ -1,8 +1,8 @@
 """Restore -> first token with ``capsule.lite`` (no torch), in fresh processes (issue 19).
 
-``measure_lite(text, ...)``: a Session on the onnxruntime LLM engine (one thread) appends the
-transcript, generates one token, checkpoints and writes the restore kit; its next greedy
-token is the reference. Then each rep spawns a process that imports only ``capsule.lite``,
+``measure_lite(text, ...)``: a Session (one thread; on the onnxruntime LLM engine for the
+dequantized model, on its int4 C step for ``linears="int4"``) appends the transcript, generates
+one token, checkpoints and writes the restore kit; its next greedy token is the reference. Then each rep spawns a process that imports only ``capsule.lite``,
 opens the store and generates one token; it reports its phases against the parent's clock
 (perf_counter is CLOCK_MONOTONIC: one clock for both, so spawn -> token includes the
 interpreter's start) and whether torch was imported.
@@ -19,7 +19,8 @@ from typing import Any
 
 from .child_env import timed_child_env
 
-RUNTIME = {"threads": 1, "llm_engines": ["onnxruntime"]}
+# the Session that writes each kit: onnxruntime graphs (dequantized) or the int4 C step
+RUNTIMES = {"dequantized": {"threads": 1, "llm_engines": ["onnxruntime"]}, "int4": {"threads": 1, "linears": "int4"}}
 
 CHILD = """
 import json, os, sys, time
@@ -38,11 +39,11 @@ os._exit(0)
 """
 
 
-def prepare(text: str, model: str, store: Path) -> tuple[int, int, int]:
+def prepare(text: str, model: str, store: Path, linears: str = "dequantized") -> tuple[int, int, int]:
     """(context tokens, the Session's next token, epoch bytes) of a store holding ``text`` plus
     one generated token, with its restore kit."""
     from ...session import Session
-    with Session.open(store, model=model, device="cpu", runtime=RUNTIME) as s:
+    with Session.open(store, model=model, device="cpu", runtime=RUNTIMES[linears]) as s:
         s.append(text)
         s.generate(1)
         s.checkpoint()
@@ -52,11 +53,11 @@ def prepare(text: str, model: str, store: Path) -> tuple[int, int, int]:
         return n, s.tokens()[n], s.checkpointer.last_bytes
 
 
-def measure_lite(text: str, model: str, reps: int, work: Path) -> dict[str, Any]:
+def measure_lite(text: str, model: str, reps: int, work: Path, linears: str = "dequantized") -> dict[str, Any]:
     """Medians over ``reps`` fresh processes (seconds, after one uncounted warm-up), and whether
     each gave the Session's token."""
-    store = work / "lite"
-    n, want, nbytes = prepare(text, model, store)
+    store = work / ("lite" if linears == "dequantized" else f"lite-{linears}")
+    n, want, nbytes = prepare(text, model, store, linears)
     runs = []
     for rep in range(reps + 1):       # the first run warms the bytecode cache (child_env): not counted
         out = subprocess.run([sys.executable, "-c", CHILD, str(store), repr(time.perf_counter())],

@@ -8,6 +8,8 @@ from typing import Any
 from . import BenchOptions, decode_linears, peers_env
 
 LITE = "capsule lite (no torch), dequantized fp32 via onnxruntime"
+LITE_INT4 = "capsule lite (no torch), int4 via the C step"
+LITES = {"dequantized": ("capsule_lite_restore", LITE), "int4": ("capsule_lite_restore_int4", LITE_INT4)}
 NAMES = {"dequantized": "dequantized fp32", "int4": "int4 (the Q4_1 codes)", "F32": "F32 copy", "Q4_1": "Q4_1"}
 PAIRS = (("dequantized", "F32"), ("int4", "Q4_1"))      # capsule's linears vs llama.cpp's weights
 
@@ -75,9 +77,10 @@ def _restore_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                          "of_which_state_ms": c["restore_in_open_s"] * 1e3,
                          "first_token_ms": c["restore_first_token_s"] * 1e3,
                          "spawn_to_token_ms": c["restore_process_s"] * 1e3, "state_bytes": c["restore_bytes"]})
-        lite = res.get("capsule_lite_restore")
-        if lin == "dequantized" and lite is not None:
-            rows.append({"who": LITE, "interpreter_ms": lite["interpreter_s"] * 1e3,
+        key, who = LITES[lin]
+        lite = res.get(key)
+        if lite is not None:
+            rows.append({"who": who, "interpreter_ms": lite["interpreter_s"] * 1e3,
                          "imports_ms": lite["import_s"] * 1e3, "open_or_load_ms": lite["open_s"] * 1e3,
                          "of_which_state_ms": None, "first_token_ms": lite["first_token_s"] * 1e3,
                          "spawn_to_token_ms": lite["process_s"] * 1e3, "state_bytes": lite["state_bytes"]})
@@ -106,8 +109,8 @@ def _targets(decode: list[dict[str, Any]], restore: list[dict[str, Any]], res: d
                                   f"{contexts[-1]} ({r['linears']}, {r['threads']} thread(s))",
                         "capsule": ratio, "bound": 0.4, "met": ratio <= 0.4})
     by = {r["who"]: r for r in restore}
-    for lin, w in (*PAIRS, ("lite", "F32")):
-        name = LITE if lin == "lite" else f"capsule, {NAMES[lin]}"
+    for lin, w in (*PAIRS, ("lite", "F32"), ("lite-int4", "Q4_1")):
+        name = {"lite": LITE, "lite-int4": LITE_INT4}.get(lin) or f"capsule, {NAMES[lin]}"
         mine, theirs = by.get(name), by.get(f"llama.cpp, {NAMES[w]}")
         if mine and theirs:
             out.append({"target": f"restore -> first token from spawn, {name.removeprefix('capsule, ')} vs {NAMES[w]}",
