@@ -21,8 +21,7 @@ import torch
 from . import cpu_library
 from .paged_decode import decode_args
 
-MAX_HEADS = 256         # query heads the kernel holds (csrc: MAX_HEADS)
-LANES = 16              # the head size must be a multiple of it (csrc: LANES)
+MAX_HEADS, LANES = cpu_library.MAX_HEADS, cpu_library.LANES   # the kernel's limits
 KV_DTYPES = (torch.float32, torch.bfloat16)   # pools it reads (bf16 widens exactly to fp32)
 
 

@@ -41,9 +41,10 @@ class Int4Steps:
         self._check("rope_sin", (self.rope, hd), np.float32)
         self._check("head.codes", (kit.vocab_size, D), np.int8)
         self._check("head.scales", (kit.vocab_size, D // 32), np.float32)
-        if D % 32 or hd % 16 or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
-            raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {KV} x "
-                                 f"{hd} kv heads) does not fit its pool {list(kit.pool)}")
+        if D % 32 or hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
+                or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
+            raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {H} heads, "
+                                 f"{KV} x {hd} kv heads) is not one the C step runs over its pool {list(kit.pool)}")
         shapes = {"qkv": ((H + 2 * KV) * hd, D), "o": (D, H * hd), "gate_up": (2 * I, D), "down": (D, I)}
         layers = []
         for i in range(m.layers):
