@@ -28,16 +28,22 @@ def missing() -> str | None:
     return cpu_library.missing()
 
 
+_fastest: list[str] = []
+
+
 def fastest_path() -> str:
-    """The path "fastest" runs on this CPU (a name in PATHS other than "fastest")."""
-    x, w = torch.ones(1, 32), (torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(1, 16))
-    for name in ("avx512-vnni", "avx512", "avx2"):
-        try:
-            q4_linear(x, *w, path=name)
-            return name
-        except ValueError:
-            pass
-    return "portable"
+    """The path "fastest" runs on this CPU (a name in PATHS other than "fastest"); asked of the
+    kernel once per process."""
+    if not _fastest:
+        x, w = torch.ones(1, 32), (torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(1, 16))
+        for name in ("avx512-vnni", "avx512", "avx2", "portable"):
+            try:
+                q4_linear(x, *w, path=name)
+                break
+            except ValueError:
+                pass
+        _fastest.append(name)
+    return _fastest[0]
 
 
 def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

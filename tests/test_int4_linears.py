@@ -113,6 +113,9 @@ def test_without_the_c_kernels_torchs_int4_runs_and_lands_much_further_off(tmp_p
     assert info.linears == "int4 (2 of 2 layers)"
     assert all(isinstance(m, Int4Matrix) for lin in t.linears for m in lin.matrices().values())
     assert [lin.activations for lin in c.linears + t.linears] == ["int16"] * 2 + ["bf16"] * 2
+    monkeypatch.undo()                                # a CPU the C kernel has no SIMD path for
+    monkeypatch.setattr(q4_linear_cpu, "fastest_path", lambda: "portable")
+    assert all(isinstance(lin.qkv_m, Int4Matrix) for lin in load_model(path, linears="int4")[0].linears)
     ids = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(3))
     want = logits(deq, ids)
     dev_c, dev_t = ((logits(m, ids) - want).abs().max().item() for m in (c, t))

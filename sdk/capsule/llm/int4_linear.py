@@ -183,9 +183,15 @@ class Matrix(Protocol):
 
 
 def matrix_type() -> type:
-    """The int4 matrix this install multiplies with: Q4KernelMatrix where the C kernels are
-    built, else torch's Int4Matrix (kernel_missing() says when neither can run)."""
-    return Q4KernelMatrix if q4_linear_cpu.missing() is None else Int4Matrix
+    """The int4 matrix this install multiplies with: Q4KernelMatrix where the C kernels are built
+    and have a SIMD path for this CPU (AVX2 or AVX-512), else torch's Int4Matrix; the C kernel's
+    portable path (~10x slower) only where torch's kernel is missing too (kernel_missing() says
+    when neither can run)."""
+    if q4_linear_cpu.missing() is not None:
+        return Int4Matrix
+    if q4_linear_cpu.fastest_path() == "portable" and torch_kernel_missing() is None:
+        return Int4Matrix
+    return Q4KernelMatrix
 
 
 class Int4Linears:

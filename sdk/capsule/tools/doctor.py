@@ -18,9 +18,11 @@ from typing import Sequence
 
 from ..policy.probe import FAILED, MISSING, OK, Check, NeedsPackage, Probe, exact_probe_tensors
 from ..policy import registry
+from .doctor_kernels import probe_decode_kernel, probe_int4_kernel
 
 __all__ = ["FAILED", "MISSING", "OK", "WARN", "Check", "NeedsPackage", "Probe", "cpu_load_check", "cpu_works",
-           "default_probes", "format_checks", "probe_policy", "run_checks"]
+           "default_probes", "format_checks", "probe_decode_kernel", "probe_int4_kernel", "probe_policy",
+           "run_checks"]
 
 WARN = "WARN"   # works, but something here will slow it down (the reason says what to change)
 
@@ -84,65 +86,6 @@ def probe_torch_cpu(work: Path) -> list[Check]:
     return [Check("torch cpu", OK, torch.__version__,
                   f"matmul exact; builtin:tiny via Session {step * 1e3:.1f} ms/token ({mode}, "
                   f"{torch.get_num_threads()} threads)"), load]
-
-
-def probe_decode_kernel(work: Path) -> Check:
-    """The C paged decode kernel ("auto" decode attention on CPU) against torch's attention on a
-    small pool with holes; MISSING (saying why) where the install could not build it."""
-    import torch
-
-    from edge_kernels.cpu_library import shares_openmp
-    from edge_kernels.paged_decode_cpu import kernel_threads, missing, paged_decode_attention_cpu
-
-    from ..llm.paged_attention import paged_attention
-
-    why = missing()
-    if why:
-        return Check("decode kernel", MISSING, "-", f"{why}; decode attention 'auto' uses torch's")
-    g = torch.Generator().manual_seed(0)
-    pool = torch.randn(8, 1, 2, 16, 2, 64, generator=g)          # (NB, L, 2, bs, KV, hd)
-    q = torch.randn(2, 4, 64, generator=g)                        # (B, H, hd)
-    tables, lens = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([40, 7])
-    valid = torch.ones(8, 16, dtype=torch.bool)
-    valid[2, 3:9] = False
-    want = paged_attention(q.unsqueeze(1), pool[:, 0, 0], pool[:, 0, 1], tables, (lens - 1).view(2, 1),
-                           0.125, valid[tables].view(2, -1))[:, 0]
-    got = paged_decode_attention_cpu(q, pool[:, 0, 0], pool[:, 0, 1], tables, lens, 0.125, valid)
-    err = (got - want).abs().max().item()
-    # where its workers run: torch's own OpenMP team, or pthreads (then 1 between torch's operators)
-    workers = (f"{kernel_threads()} workers on torch's OpenMP team" if shares_openmp()
-               else "1 worker between torch's operators (torch's OpenMP runtime not found: pthreads)")
-    return Check("decode kernel", OK if err < 1e-5 else FAILED, "C",
-                 f"paged decode attention vs torch's: max |diff| {err:.1e} (decode attention 'auto' uses it on "
-                 f"CPU); {workers}")
-
-
-def probe_int4_kernel(work: Path) -> Check:
-    """The C Q4 linear (runtime.linears 'int4') against float64 products on a small Q4_1 matrix,
-    and its fastest SIMD path against the portable one (the same bits); MISSING where the install
-    could not build it (int4 then runs on torch's bf16 kernel)."""
-    import numpy as np
-    import torch
-
-    from edge_kernels.q4_linear_cpu import fastest_path, missing, pack, q4_linear
-
-    why = missing()
-    if why:
-        return Check("int4 kernel", MISSING, "-", f"{why}; runtime.linears 'int4' uses torch's bf16 kernel")
-    rng = np.random.default_rng(0)
-    codes = rng.integers(0, 16, (48, 160), dtype=np.uint8)            # 5 blocks: a last quad of one
-    d, m = rng.random((48, 5), dtype=np.float32) * 0.01, rng.normal(0, 0.05, (48, 5)).astype(np.float32)
-    w = (codes.reshape(48, 5, 32) * d[..., None] + m[..., None]).reshape(48, 160).astype(np.float64)
-    x = torch.from_numpy(rng.normal(size=(3, 160)).astype(np.float32))
-    nib, dd, mt = (torch.from_numpy(a) for a in pack(codes, d, m))
-    got = q4_linear(x, nib, dd, mt, threads=2)
-    err = float(np.abs(got.numpy() - x.double().numpy() @ w.T).max())
-    same = torch.equal(got, q4_linear(x, nib, dd, mt, path="portable"))
-    path = fastest_path()
-    ok = err < 1e-4 and same
-    return Check("int4 kernel", OK if ok else FAILED, "C",
-                 f"Q4 linear vs float64: max |diff| {err:.1e}; {path} path "
-                 f"{'gives the portable path' if same else 'DIFFERS from the portable path'}'s bits")
 
 
 def _no_cuda(name: str) -> Check | None:
