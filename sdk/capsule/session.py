@@ -276,8 +276,9 @@ class Session:
     def write_lite_kit(self, path: str | os.PathLike | None = None) -> Path:
         """Write the restore kit that lets a process without torch continue this setup's
         capsules greedily (``capsule.lite.LiteResume``); default path ``<store>.kit``. Needs the
-        onnxruntime LLM engine on CPU (LiteUnsupported otherwise). Valid for every capsule of
-        this setup: write it once, again after a change of model, tokenizer or runtime."""
+        onnxruntime LLM engine on CPU, or an all-int4 model decoding in its C step
+        (runtime.linears 'int4'; LiteUnsupported otherwise). Valid for every capsule of this
+        setup: write it once, again after a change of model, tokenizer or runtime."""
         from .lite.kit import kit_path
         from .llm.lite_kit import write_kit
         llm = self._llm()

@@ -3,7 +3,8 @@
 ``write_kit`` (``Session.write_lite_kit``) describes the Session's setup to
 ``capsule.lite``: the capsule binding, the KV pool's layout, the onnxruntime engine's decode
 step graphs (one per block-table width a step can run at, for the one-row shape and the
-smallest batch bucket) and its LM head graphs, and where each weight those graphs take lives.
+smallest batch bucket) and its LM head graphs, and where each weight those graphs take lives;
+or, for an all-int4 model (format /2, ``lite_kit_int4.py``), the C step's tensors and shape.
 A weight that is bit for bit a tensor of a safetensors file the model was mapped from
 (``ModelInfo.weight_files``: a builtin's, a folder's, a GGUF's dequantized cache) is referenced
 by that file's path, size, mtime and header digest; any other (the RoPE tables) is copied into
