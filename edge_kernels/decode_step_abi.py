@@ -9,6 +9,15 @@ import ctypes
 from . import cpu_library
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+MATRICES = ("qkv", "o", "gate_up", "down")     # a layer's int4 matrices, by name (q|k|v, gate|up fused)
+
+
+def matrix_shapes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int
+                  ) -> dict[str, tuple[int, int]]:
+    """name (MATRICES) -> (outputs, inputs) of a layer's int4 matrices."""
+    q = heads * head_dim
+    return {"qkv": (q + 2 * kv_heads * head_dim, hidden), "o": (hidden, q),
+            "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
 
 
 class Mat(ctypes.Structure):        # csrc: q4_mat_t

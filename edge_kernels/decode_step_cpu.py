@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from .decode_step_abi import Layer, Mat, Step, run
+from .decode_step_abi import Layer, Mat, Step, matrix_shapes, run
 from .paged_decode_cpu import DecodePlan, check_layer
 from .q4_linear_cpu import Q4Matrix
 
@@ -41,10 +41,10 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> int | None:
     return t.data_ptr()
 
 
-def _mat(m: Q4Matrix, n: int, k: int, bias: torch.Tensor | None, what: str) -> Mat:
-    if (m.n_out, m.n_in) != (n, k):
-        raise ValueError(f"{what} must be ({n}, {k}), got ({m.n_out}, {m.n_in})")
-    return Mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), _vector(bias, n, f"{what}'s bias"))
+def _mat(m: Q4Matrix, shape: tuple[int, int], bias: torch.Tensor | None, what: str) -> Mat:
+    if (m.n_out, m.n_in) != shape:
+        raise ValueError(f"{what} must be {shape}, got ({m.n_out}, {m.n_in})")
+    return Mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), _vector(bias, shape[0], f"{what}'s bias"))
 
 
 class Q4DecodeStep:
@@ -61,14 +61,15 @@ class Q4DecodeStep:
         H, KV, hd = heads, kv_heads, head_dim
         if D < 1 or H < 1 or KV < 1 or H % KV or hd < 1:
             raise ValueError(f"bad shape: D {D}, heads {H}, kv heads {KV}, head size {hd}")
+        shapes = matrix_shapes(D, I, H, KV, hd)
         structs = []
         for i, lw in enumerate(layers):
             p = f"layer {i}'s"
             structs.append(Layer(_vector(lw.in_norm, D, f"{p} input norm"), _vector(lw.post_norm, D, f"{p} post norm"),
-                                  _mat(lw.qkv, (H + 2 * KV) * hd, D, lw.qkv_bias, f"{p} q|k|v"),
-                                  _mat(lw.o, D, H * hd, lw.o_bias, f"{p} o"),
-                                  _mat(lw.gate_up, 2 * I, D, None, f"{p} gate|up"),
-                                  _mat(lw.down, D, I, None, f"{p} down")))
+                                  _mat(lw.qkv, shapes["qkv"], lw.qkv_bias, f"{p} q|k|v"),
+                                  _mat(lw.o, shapes["o"], lw.o_bias, f"{p} o"),
+                                  _mat(lw.gate_up, shapes["gate_up"], None, f"{p} gate|up"),
+                                  _mat(lw.down, shapes["down"], None, f"{p} down")))
         self.layers = (Layer * len(structs))(*structs)
         self._keep = (list(layers), final_norm)
         self.final_norm = _vector(final_norm, D, "the final norm")

@@ -11,6 +11,8 @@ Hot path: the output is the one tensor allocated (the kernel mallocs its int16 a
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -28,22 +30,18 @@ def missing() -> str | None:
     return cpu_library.missing()
 
 
-_fastest: list[str] = []
-
-
+@functools.cache
 def fastest_path() -> str:
     """The path "fastest" runs on this CPU (a name in PATHS other than "fastest"); asked of the
     kernel once per process."""
-    if not _fastest:
-        x, w = torch.ones(1, 32), (torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(1, 16))
-        for name in ("avx512-vnni", "avx512", "avx2", "portable"):
-            try:
-                q4_linear(x, *w, path=name)
-                break
-            except ValueError:
-                pass
-        _fastest.append(name)
-    return _fastest[0]
+    x, w = torch.ones(1, 32), (torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(1, 16))
+    for name in ("avx512-vnni", "avx512", "avx2"):
+        try:
+            q4_linear(x, *w, path=name)
+            return name
+        except ValueError:
+            pass
+    return "portable"
 
 
 def pack(codes: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,19 +86,25 @@ def q4_linear(x: torch.Tensor, nib: torch.Tensor, d: torch.Tensor, mt: torch.Ten
         raise ValueError(f"x must be fp32 (..., {K}) on the CPU, got {tuple(x.shape)} {x.dtype} on {x.device}")
     if path not in PATHS:
         raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
-    rows = x.reshape(-1, K).contiguous()                                       # (M, K)
-    out = torch.empty(rows.shape[0], N, dtype=torch.float32)                   # (M, N)
-    if rows.shape[0]:
-        rc = cpu_library.library().capsule_q4_linear(rows.data_ptr(), rows.shape[0], nib.data_ptr(), d.data_ptr(),
-                                                     mt.data_ptr(), N, K, out.data_ptr(), max(1, threads),
-                                                     PATHS[path])
+    out = _run(x.reshape(-1, K).contiguous(), (nib.data_ptr(), d.data_ptr(), mt.data_ptr()), N, threads, path)
+    return out.view(*x.shape[:-1], N)
+
+
+def _run(rows: torch.Tensor, ptrs: tuple[int, int, int], N: int, threads: int, path: str) -> torch.Tensor:
+    """rows (M, K) fp32 contiguous, weights (nib, d, mt addresses, checked) -> (M, N): the C call,
+    its failures raised (q4_linear says which)."""
+    M, K = rows.shape
+    out = torch.empty(M, N, dtype=torch.float32)                               # (M, N)
+    if M:
+        rc = cpu_library.library().capsule_q4_linear(rows.data_ptr(), M, *ptrs, N, K, out.data_ptr(),
+                                                     max(1, threads), PATHS[path])
         if rc == -3:
             raise ValueError(f"this CPU cannot run the Q4 linear's {path!r} path")
         if rc == -2:
-            raise RuntimeError(f"the CPU Q4 linear could not allocate its activations ({rows.shape[0]} x {K})")
+            raise RuntimeError(f"the CPU Q4 linear could not allocate its activations ({M} x {K})")
         if rc != 0:
             raise RuntimeError("the CPU Q4 linear could not start its threads")
-    return out.view(*x.shape[:-1], N)
+    return out
 
 
 DENSE_ROWS = 128   # from this many rows of x (a prefill chunk) Q4Matrix multiplies dequantized
@@ -136,18 +140,9 @@ class Q4Matrix:
         K = self.n_in
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != K:
             raise ValueError(f"x must be fp32 (..., {K}) on the CPU, got {tuple(x.shape)} {x.dtype} on {x.device}")
-        rows = x.reshape(-1, K)
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
-        M = rows.shape[0]
-        if M >= DENSE_ROWS:
-            return F.linear(rows, self.dequantized(threads)).view(*x.shape[:-1], self.n_out)
-        out = torch.empty(M, self.n_out, dtype=torch.float32)                # (M, N)
-        if M:
-            nib, d, mt = self._ptrs
-            rc = cpu_library.library().capsule_q4_linear(rows.data_ptr(), M, nib, d, mt, self.n_out, K,
-                                                         out.data_ptr(), threads, 0)
-            if rc != 0:
-                raise RuntimeError("the CPU Q4 linear could not allocate its activations" if rc == -2
-                                   else "the CPU Q4 linear could not start its threads")
+        rows = x.reshape(-1, K).contiguous()                                   # (M, K)
+        if rows.shape[0] >= DENSE_ROWS:
+            out = F.linear(rows, self.dequantized(threads))
+        else:
+            out = _run(rows, self._ptrs, self.n_out, threads, "fastest")
         return out.view(*x.shape[:-1], self.n_out)

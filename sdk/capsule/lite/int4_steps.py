@@ -15,12 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from edge_kernels import cpu_library
-from edge_kernels.decode_step_abi import Layer, Mat, Step, run
+from edge_kernels.decode_step_abi import MATRICES, Layer, Mat, Step, matrix_shapes, run
 
 from ..errors import CapsuleCorrupt, LiteUnsupported
 from .kit import Kit
-
-MATRICES = ("qkv", "o", "gate_up", "down")
 
 
 class Int4Steps:
@@ -45,7 +43,7 @@ class Int4Steps:
                 or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
             raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {H} heads, "
                                  f"{KV} x {hd} kv heads) is not one the C step runs over its pool {list(kit.pool)}")
-        shapes = {"qkv": ((H + 2 * KV) * hd, D), "o": (D, H * hd), "gate_up": (2 * I, D), "down": (D, I)}
+        shapes = matrix_shapes(D, I, H, KV, hd)
         layers = []
         for i in range(m.layers):
             mats = {}

@@ -19,12 +19,13 @@ from typing import Callable, Sequence
 import torch
 
 from edge_kernels import q4_linear_cpu, q8_linear_cpu
+from edge_kernels.decode_step_abi import MATRICES
 
 from ..errors import ModelLoadError
 from ..paths import cache_dir, write_private
 from . import int4_linear, q8_head
 from .config import ModelConfig
-from .int4_linear import MATRICES, HalfHead, Int4Linears, int4_layer, matrix_shapes, matrix_type
+from .int4_linear import HalfHead, Int4Linears, int4_layer, matrix_shapes, matrix_type
 from .linears import DenseLinears, LayerLinears
 from .q8_head import Head, Q8Head
 from .safetensors_mmap import read_safetensors

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_kernels import q4_linear_cpu
+from edge_kernels.decode_step_abi import matrix_shapes as abi_matrix_shapes
 from edge_kernels.paged_decode_cpu import kernel_threads
 
 from ..errors import ModelLoadError
@@ -210,7 +211,7 @@ class Int4Linears:
         return self.qkv_m.activations
 
     def matrices(self) -> dict[str, Matrix]:
-        """name (MATRICES) -> matrix: what int4_cache keeps."""
+        """name (decode_step_abi.MATRICES) -> matrix: what int4_cache keeps."""
         return {"qkv": self.qkv_m, "o": self.o_m, "gate_up": self.gate_up, "down": self.down}
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -244,17 +245,14 @@ class HalfHead:
         return F.linear(h.to(torch.float16), self.weight).to(h.dtype)
 
 
-MATRICES = ("qkv", "o", "gate_up", "down")     # an Int4Linears' matrices, by name
-
-
 def matrix_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """name (MATRICES) -> (outputs, inputs) of a layer's int4 matrices."""
-    D, I, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
-    return {"qkv": (q + 2 * cfg.num_kv_heads * cfg.head_dim, D), "o": (D, q), "gate_up": (2 * I, D), "down": (D, I)}
+    """name (decode_step_abi.MATRICES) -> (outputs, inputs) of a layer's int4 matrices."""
+    return abi_matrix_shapes(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
 
 def int4_layer(cfg: ModelConfig, lin: DenseLinears, mats: Mapping[str, Matrix]) -> "Int4Linears":
-    """One layer's Int4Linears from its matrices (MATRICES) and its dense linears' biases."""
+    """One layer's Int4Linears from its matrices (by decode_step_abi.MATRICES name) and its dense
+    linears' biases."""
     bias = None
     if lin.q_bias is not None:
         bias = torch.cat([lin.q_bias, lin.k_bias, lin.v_bias])

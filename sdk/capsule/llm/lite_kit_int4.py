@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import LiteUnsupported
-from .int4_linear import MATRICES
 from .q8_head import Q8Head
 
 if TYPE_CHECKING:
@@ -51,6 +50,5 @@ def int4_kit_parts(runner: "GraphRunner") -> tuple[dict[str, torch.Tensor], dict
             t[f"{i}.o.bias"], o_bias = lin.o_bias, True
     meta = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
             "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-            "eps": cfg.rms_norm_eps, "scale": model.scale, "qkv_bias": qkv_bias, "o_bias": o_bias,
-            "matrices": list(MATRICES)}
+            "eps": cfg.rms_norm_eps, "scale": model.scale, "qkv_bias": qkv_bias, "o_bias": o_bias}
     return {n: v.detach().contiguous() for n, v in t.items()}, meta
