@@ -151,6 +151,17 @@ def random_checkpoint(arch: str, folder: Path, seed: int = 0, **shape) -> Path:
     return folder
 
 
+def int4_session_gguf(folder: Path, max_positions: int) -> Path:
+    """A small random llama GGUF a Session can run int4 (its vocabulary holds r50k_base's ids):
+    every layer Q4_1, the embeddings and the output matrix Q8_0 (the C head)."""
+    hf = random_checkpoint("llama", folder / "hf", vocab_size=50304, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=max_positions)
+    weights, cfg = hf_state(hf)
+    return write_gguf(folder / "m.gguf", weights, cfg, "llama", default_qtype="Q4_1",
+                      qtypes={"token_embd.weight": "Q8_0", "output.weight": "Q8_0"})
+
+
 def reference(path: Path):
     """transformers' own GGUF loader on the same file (dequantized to fp32)."""
     transformers = __import__("transformers")

@@ -1,10 +1,13 @@
 """The paged decode kernels' shared test case: a small block-major pool, three rows of different
 live lengths, holes, and the torch reference (capsule.llm.paged_attention at T=1) they are held
-to. Used by tests/test_paged_decode_kernel.py (Triton) and tests/test_paged_decode_cpu.py (C)."""
+to. Used by tests/test_paged_decode_kernel.py (Triton) and tests/test_paged_decode_cpu.py (C).
+And decode_rows: a Session's streams as one decode step's inputs (tests/test_decode_attention.py,
+tests/test_decode_step_cpu.py)."""
 from __future__ import annotations
 
 import torch
 
+from capsule.llm.kv_pool import SCRATCH_BLOCK
 from capsule.llm.paged_attention import paged_attention
 
 H, KV, HD, BS, NB, NBLK = 9, 3, 64, 16, 24, 6        # GQA: 3 query heads per kv head
@@ -33,3 +36,21 @@ def paged_reference(c: dict, holes: bool) -> torch.Tensor:
     positions = (c["lens"].long() - 1).view(B, 1)
     return paged_attention(c["q"].unsqueeze(1), c["k"], c["v"], c["tables"], positions,
                            c["q"].shape[-1] ** -0.5, key_valid)[:, 0]           # (B, H, hd)
+
+
+def decode_rows(s, names: list[str]) -> tuple[torch.Tensor, ...]:
+    """(ids (B, 1), positions (B, 1), slots (B,), full block tables (B, nb)) recomputing each of
+    Session s's streams' last cached token, padded with the scratch block as the graph path pads."""
+    ids, pos, slots, tables = [], [], [], []
+    for n in names:
+        t = s.engine.streams[n].table
+        i = t.num_cached - 1
+        p = t.position(i)
+        ids.append(s.tokens(n)[i])
+        pos.append(p)
+        slots.append(t.slots_at([p])[0])
+        tables.append(list(t.blocks[:p // s.engine.pool.block_size + 1]))
+    width = max(map(len, tables))
+    tables = [b + [SCRATCH_BLOCK] * (width - len(b)) for b in tables]
+    return (torch.tensor(ids).view(-1, 1), torch.tensor(pos).view(-1, 1), torch.tensor(slots),
+            torch.tensor(tables))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capsule.llm.kv_pool import SCRATCH_BLOCK
 from capsule.session import Session
+from paged_cases import decode_rows
 
 RT = {"kv_pool_mb": 16, "max_context": 1024}
 FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes green tea."]
@@ -18,24 +18,6 @@ FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes gre
 @pytest.fixture
 def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _rows(s: Session, names: list[str]) -> tuple[torch.Tensor, ...]:
-    """(ids (B, 1), positions (B, 1), slots (B,), full block tables (B, nb)) recomputing each
-    stream's last cached token, padded with the scratch block as the graph path pads."""
-    ids, pos, slots, tables = [], [], [], []
-    for n in names:
-        t = s.engine.streams[n].table
-        i = t.num_cached - 1
-        p = t.position(i)
-        ids.append(s.tokens(n)[i])
-        pos.append(p)
-        slots.append(t.slots_at([p])[0])
-        tables.append(list(t.blocks[:p // s.engine.pool.block_size + 1]))
-    width = max(map(len, tables))
-    tables = [b + [SCRATCH_BLOCK] * (width - len(b)) for b in tables]
-    return (torch.tensor(ids).view(-1, 1), torch.tensor(pos).view(-1, 1), torch.tensor(slots),
-            torch.tensor(tables))
 
 
 def test_triton_decode_attention_equals_torch(tmp_path, interpret):
@@ -50,7 +32,7 @@ def test_triton_decode_attention_equals_torch(tmp_path, interpret):
         s.generate(2, stream="b")
         assert s.engine.streams["a"].table.skip[1] > s.engine.streams["a"].table.skip[0]
         m, pool = s.engine.runner.model, s.engine.pool
-        ids, pos, slots, tables = _rows(s, ["a", "b"])
+        ids, pos, slots, tables = decode_rows(s, ["a", "b"])
         assert pos[0, 0] != pos[1, 0] and tables.shape[1] > 2
         out = {}
         for kind in ("torch", "triton"):

@@ -11,10 +11,10 @@ import torch
 from capsule import Session
 from capsule.llm import load_model
 from capsule.llm.int4_linear import kernel_missing, torch_kernel_missing
-from capsule.llm.kv_pool import SCRATCH_BLOCK
 from edge_kernels import decode_step_cpu
 from edge_kernels.paged_decode_cpu import DecodePlan
-from gguf_checkpoints import checkpoint_gguf, hf_state, random_checkpoint, write_gguf
+from gguf_checkpoints import checkpoint_gguf, int4_session_gguf
+from paged_cases import decode_rows
 
 pytestmark = pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))
 TOKENIZER = "r50k_base"
@@ -23,36 +23,12 @@ FACTS = ["The red cup is fragile.", "The charger is in bay 2.", "Alice likes gre
 
 @pytest.fixture(scope="module")
 def int4_gguf(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("step")
-    hf = random_checkpoint("llama", folder / "hf", vocab_size=50304, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=2048)
-    weights, cfg = hf_state(hf)
-    return write_gguf(folder / "m.gguf", weights, cfg, "llama", default_qtype="Q4_1",
-                      qtypes={"token_embd.weight": "Q8_0", "output.weight": "Q8_0"})
+    return int4_session_gguf(tmp_path_factory.mktemp("step"), max_positions=2048)
 
 
 def _open(path, model, **rt):
     return Session.open(path, model=str(model), tokenizer=TOKENIZER, device="cpu", memory={"embedder": None},
                         runtime={"linears": "int4", "threads": 1, "kv_pool_mb": 16, "max_context": 1024, **rt})
-
-
-def _rows(s: Session, names: list[str]) -> tuple[torch.Tensor, ...]:
-    """(ids (B, 1), positions (B, 1), slots (B,), full block tables (B, nb)) recomputing each
-    stream's last cached token, padded with the scratch block as the graph path pads."""
-    ids, pos, slots, tables = [], [], [], []
-    for n in names:
-        t = s.engine.streams[n].table
-        i = t.num_cached - 1
-        p = t.position(i)
-        ids.append(s.tokens(n)[i])
-        pos.append(p)
-        slots.append(t.slots_at([p])[0])
-        tables.append(list(t.blocks[:p // s.engine.pool.block_size + 1]))
-    width = max(map(len, tables))
-    tables = [b + [SCRATCH_BLOCK] * (width - len(b)) for b in tables]
-    return (torch.tensor(ids).view(-1, 1), torch.tensor(pos).view(-1, 1), torch.tensor(slots),
-            torch.tensor(tables))
 
 
 @pytest.mark.parametrize("kv_dtype", [None, "bfloat16"])
@@ -67,7 +43,7 @@ def test_the_step_gives_the_layer_loops_states_and_kv(int4_gguf, tmp_path, kv_dt
         s.generate(3, stream="a", memory_k=2)                 # a region with holes before its facts
         s.append("user: " + "tell me a long story about bays. " * 6, stream="b")
         s.generate(2, stream="b")
-        ids, pos, slots, tables = _rows(s, ["a", "b"])
+        ids, pos, slots, tables = decode_rows(s, ["a", "b"])
         assert pos[0, 0] != pos[1, 0] and tables.shape[1] > 2
         step, out, kv = m.step, {}, {}
         for kind in ("step", "loop"):
@@ -99,7 +75,7 @@ def test_the_steps_bits_do_not_depend_on_the_threads(int4_gguf, tmp_path):
         s.append("user: " + "stack the blue blocks. " * 9, stream="a")
         s.append("user: hello", stream="b")
         s.generate(2, stream=["a", "b"])
-        ids, pos, slots, tables = _rows(s, ["a", "b"])
+        ids, pos, slots, tables = decode_rows(s, ["a", "b"])
         cos, sin = m.rope_cos[pos.view(-1)], m.rope_sin[pos.view(-1)]
         plan = DecodePlan(tables, pos[:, 0] + 1, pool.slot_valid, pool.tensor.shape[0], pool.block_size,
                           slots=slots, rope=(cos, sin))

@@ -17,7 +17,7 @@ from capsule.errors import ModelLoadError
 from capsule.llm import load_model
 from capsule.llm.int4_linear import (Int4Linears, Int4Matrix, Q4KernelMatrix, kernel_missing, q4_blocks,
                                      torch_kernel_missing)
-from gguf_checkpoints import checkpoint_gguf, hf_state, logits, random_checkpoint, write_gguf
+from gguf_checkpoints import checkpoint_gguf, int4_session_gguf, logits
 
 pytestmark = pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))
 TOKENIZER = "r50k_base"          # max id 50256: the Session model's vocabulary must hold it
@@ -173,13 +173,7 @@ def test_int4_is_refused_where_it_cannot_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def session_gguf(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("int4")
-    hf = random_checkpoint("llama", folder / "hf", vocab_size=50304, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=512)
-    weights, cfg = hf_state(hf)
-    return write_gguf(folder / "m.gguf", weights, cfg, "llama", default_qtype="Q4_1",
-                      qtypes={"token_embd.weight": "Q8_0", "output.weight": "Q8_0"})
+    return int4_session_gguf(tmp_path_factory.mktemp("int4"), max_positions=512)
 
 
 def _open(path, model, linears="int4"):
