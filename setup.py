@@ -1,6 +1,7 @@
 """The one compiled piece: the CPU kernels (edge_kernels/cpu_library.py loads them): paged decode
 attention (paged_decode_cpu.py), the Q8_0 linear (q8_linear_cpu.py), the Q4 linear
-(q4_linear_cpu.py) and an all-int4 decoder's decode step (decode_step_cpu.py).
+(q4_linear_cpu.py), the fp32 linear (f32_linear_cpu.py) and a decoder's one-call decode step
+(decode_step_cpu.py).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the
 install still succeeds and the decoder keeps its torch operators (`cpu_library.missing()`
@@ -13,8 +14,8 @@ import os
 from setuptools import Extension, setup
 
 SOURCES = ("paged_decode_cpu", "decode_layer_cpu", "q8_linear_cpu", "q4_linear_cpu", "q4_dequant_cpu",
-           "decode_step_cpu", "parallel")
-HEADERS = ("vec16", "parallel", "paged_decode_cpu", "q4_linear_cpu")
+           "f32_linear_cpu", "decode_step_cpu", "parallel")
+HEADERS = ("vec16", "parallel", "paged_decode_cpu", "q4_linear_cpu", "f32_linear_cpu")
 KERNEL = Extension(
     "edge_kernels._cpu_kernels", [f"edge_kernels/csrc/{name}.c" for name in SOURCES],
     depends=[f"edge_kernels/csrc/{name}.h" for name in HEADERS],

@@ -41,6 +41,10 @@ DECODE_ATTENTION = ("torch", "triton", "cpu")   # the kernels capsule.llm.model 
 # runtime.decode_attention: a kernel, or "auto": "cpu" where it can run (a CPU fp32 model, an fp32
 # or bf16 pool, the C kernel built), else "torch" (capsule.assembly resolves it)
 DECODE_ATTENTION_SETTINGS = DECODE_ATTENTION + ("auto",)
+# runtime.decode_step: "fused" (a decode step in one C call: capsule.llm.fused_step), "layers" (the
+# Python loop over the layers), or "auto": "fused" where it can run, else "layers"
+DECODE_STEP = ("fused", "layers")
+DECODE_STEP_SETTINGS = DECODE_STEP + ("auto",)
 LLM_ENGINES = ("torch", "onnxruntime", "tensorrt")   # runtime.llm_engines (capsule.assembly selects)
 LINEARS = ("dequantized", "int4")   # runtime.linears (capsule.llm.loader: int4 keeps Q4_0/Q4_1 GGUF weights)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,6 +65,9 @@ class RuntimeDefaults:
     threads: int | None = None        # CPU threads (torch intra-op, ORT); None: the library's own
     # "auto", "torch", "triton" (edge_kernels.paged_decode; needs Triton) or "cpu" (paged_decode_cpu)
     decode_attention: str = "auto"
+    # "auto", "fused" (one C call a decode step: an fp32 CPU model under decode_attention "cpu",
+    # every layer dense or every layer int4) or "layers" (torch operators, layer by layer)
+    decode_step: str = "auto"
     llm_engines: tuple[str, ...] = ("torch",)   # LLM step engines, first that runs here wins
     # "int4": a GGUF's Q4_0 / Q4_1 layers multiply by their 4-bit weights (CPU, torch engine;
     # bf16 matmuls: faster, not parity-exact); "dequantized": every weight in `dtype`
@@ -94,6 +101,7 @@ class RuntimeDefaults:
             check_choice("runtime.kv_dtype", self.kv_dtype, DTYPES)
         check_choice("runtime.context_policy", self.context_policy, CONTEXT_POLICIES)
         check_choice("runtime.decode_attention", self.decode_attention, DECODE_ATTENTION_SETTINGS)
+        check_choice("runtime.decode_step", self.decode_step, DECODE_STEP_SETTINGS)
         check_choice("runtime.linears", self.linears, LINEARS)
         if self.threads is not None:
             check_int("runtime.threads", self.threads, lo=1)

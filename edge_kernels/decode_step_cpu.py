@@ -1,11 +1,11 @@
-"""A whole decode step of an all-int4 decoder on the CPU, in one C call (csrc/decode_step_cpu.c):
-per layer RMSNorm, q|k|v, RoPE + the K/V write + paged attention, o, RMSNorm, gate|up, SwiGLU,
+"""A whole decode step of a decoder on the CPU whose every layer is int4 (Q4Matrix) or every layer
+fp32 (F32Matrix), in one C call (csrc/decode_step_cpu.c): per layer RMSNorm, q|k|v, RoPE + the K/V write + paged attention, o, RMSNorm, gate|up, SwiGLU,
 down, the residuals; then the final RMSNorm. It replaces the decoder's Python loop over the
 layers (~40 torch operators a layer) for one new token per row.
 
-The weights are checked once (Q4DecodeStep); a step checks the rows (a DecodePlan with slots and
+The weights are checked once (DecodeStep); a step checks the rows (a DecodePlan with slots and
 RoPE tables: paged_decode_cpu) and the pool. Its numerics are fixed (the C file says how), the
-same bits at any thread count; not torch's summation order for the norms and SwiGLU.
+same bits at any thread count; not torch's summation order for the matmuls, norms and SwiGLU.
 """
 from __future__ import annotations
 
@@ -14,21 +14,24 @@ from typing import Sequence
 
 import torch
 
-from .decode_step_abi import Layer, Mat, Step, matrix_shapes, run
+from .decode_step_abi import Layer, Mat, Step, f32_mat, matrix_shapes, q4_mat, run
+from .f32_linear_cpu import F32Matrix
 from .paged_decode_cpu import DecodePlan, check_layer
 from .q4_linear_cpu import Q4Matrix
 
+Matrix = Q4Matrix | F32Matrix
+
 @dataclass(frozen=True)
-class Q4Layer:
-    """One layer's weights: norms (D,) fp32; q|k|v fused ((H + 2 KV) hd, D), o (D, H hd), gate|up
-    fused (2 I, D) and down (D, I) as Q4Matrix; optional fp32 biases of q|k|v and o."""
+class StepLayer:
+    """One layer's weights: norms (D,) fp32; q|k|v ((H + 2 KV) hd, D), o (D, H hd), gate|up (2 I, D)
+    and down (D, I), all Q4Matrix or all F32Matrix; optional fp32 biases of q|k|v and o."""
 
     in_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Q4Matrix
-    o: Q4Matrix
-    gate_up: Q4Matrix
-    down: Q4Matrix
+    qkv: Matrix
+    o: Matrix
+    gate_up: Matrix
+    down: Matrix
     qkv_bias: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
 
@@ -41,18 +44,23 @@ def _vector(t: torch.Tensor | None, n: int, what: str) -> int | None:
     return t.data_ptr()
 
 
-def _mat(m: Q4Matrix, shape: tuple[int, int], bias: torch.Tensor | None, what: str) -> Mat:
+def _mat(m: Matrix, kind: type, shape: tuple[int, int], bias: torch.Tensor | None, what: str) -> Mat:
+    if not isinstance(m, kind):
+        raise ValueError(f"{what} must be a {kind.__name__} like the first layer's q|k|v, got {type(m).__name__}")
     if (m.n_out, m.n_in) != shape:
         raise ValueError(f"{what} must be {shape}, got ({m.n_out}, {m.n_in})")
-    return Mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), _vector(bias, shape[0], f"{what}'s bias"))
+    b = _vector(bias, shape[0], f"{what}'s bias")
+    if isinstance(m, Q4Matrix):
+        return q4_mat(m.nib.data_ptr(), m.d.data_ptr(), m.mt.data_ptr(), b)
+    return f32_mat(m.blocks, b)
 
 
-class Q4DecodeStep:
-    """An all-int4 decoder's decode step (see the module docstring); keeps references to the
+class DecodeStep:
+    """An all-int4 or all-fp32 decoder's decode step (see the module docstring); keeps references to the
     layers' tensors. Threading: it holds no per-call state, so calls may run concurrently when
     they write different pool slots (as any two decode steps must)."""
 
-    def __init__(self, layers: Sequence[Q4Layer], final_norm: torch.Tensor, *, heads: int, kv_heads: int,
+    def __init__(self, layers: Sequence[StepLayer], final_norm: torch.Tensor, *, heads: int, kv_heads: int,
                  head_dim: int, eps: float):
         if not layers:
             raise ValueError("a decode step needs at least one layer")
@@ -62,14 +70,15 @@ class Q4DecodeStep:
         if D < 1 or H < 1 or KV < 1 or H % KV or hd < 1:
             raise ValueError(f"bad shape: D {D}, heads {H}, kv heads {KV}, head size {hd}")
         shapes = matrix_shapes(D, I, H, KV, hd)
+        kind = Q4Matrix if isinstance(layers[0].qkv, Q4Matrix) else F32Matrix
         structs = []
         for i, lw in enumerate(layers):
             p = f"layer {i}'s"
             structs.append(Layer(_vector(lw.in_norm, D, f"{p} input norm"), _vector(lw.post_norm, D, f"{p} post norm"),
-                                  _mat(lw.qkv, shapes["qkv"], lw.qkv_bias, f"{p} q|k|v"),
-                                  _mat(lw.o, shapes["o"], lw.o_bias, f"{p} o"),
-                                  _mat(lw.gate_up, shapes["gate_up"], None, f"{p} gate|up"),
-                                  _mat(lw.down, shapes["down"], None, f"{p} down")))
+                                  _mat(lw.qkv, kind, shapes["qkv"], lw.qkv_bias, f"{p} q|k|v"),
+                                  _mat(lw.o, kind, shapes["o"], lw.o_bias, f"{p} o"),
+                                  _mat(lw.gate_up, kind, shapes["gate_up"], None, f"{p} gate|up"),
+                                  _mat(lw.down, kind, shapes["down"], None, f"{p} down")))
         self.layers = (Layer * len(structs))(*structs)
         self._keep = (list(layers), final_norm)
         self.final_norm = _vector(final_norm, D, "the final norm")

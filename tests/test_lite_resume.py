@@ -99,9 +99,9 @@ def test_refusals_name_what_to_do(store, tmp_path):
         s.write_lite_kit()
     with pytest.raises(LiteUnsupported, match="not in the K/V cache yet"):
         LiteResume.open(pending)
-    # a Session on the torch engine cannot write one
-    with Session.open(tmp_path / "torch", model="builtin:tiny", device="cpu") as s:
-        with pytest.raises(LiteUnsupported, match="onnxruntime"):
+    # a Session on the torch engine decoding through the layer loop cannot write one
+    with Session.open(tmp_path / "torch", model="builtin:tiny", device="cpu", runtime={"decode_step": "layers"}) as s:
+        with pytest.raises(LiteUnsupported, match="one-call C decode step or the onnxruntime"):
             s.write_lite_kit()
 
 

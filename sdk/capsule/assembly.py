@@ -163,11 +163,11 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
     pool = KVPool(decoder.cfg, pool_bytes=rt.kv_pool_bytes, block_size=rt.block_size,
                   dtype=DTYPES[rt.kv_cache_dtype], device=dev)   # runtime.kv_dtype, else the weights'
     decoder.set_decode_attention(decode_attention(rt.decode_attention, decoder, pool))  # before graphs
+    engine = select_llm_engine(decoder, rt.llm_engines, EngineOptions(rt.threads, info.weights_digest))
+    decoder.set_decode_step(decode_step(rt.decode_step, decoder, engine is None))
     runner = GraphRunner(decoder, pool, registry, buckets=rt.batch_buckets, max_context=rt.max_context,
                          prefill_chunk=rt.prefill_chunk,
-                         use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda",
-                         step=select_llm_engine(decoder, rt.llm_engines,
-                                                EngineOptions(rt.threads, info.weights_digest)))
+                         use_cuda_graphs=rt.cuda_graphs and dev.type == "cuda", step=engine)
     return LLMParts(Engine(runner, pool, tok, context_policy=rt.context_policy), tok, info)
 
 
@@ -182,6 +182,24 @@ def decode_attention(setting: str, decoder: Decoder, pool: KVPool) -> str:
     if why:
         raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
                                 "use decode_attention='torch' (or 'auto')")
+    return setting
+
+
+def decode_step(setting: str, decoder: Decoder, torch_engine: bool) -> str:
+    """runtime.decode_step resolved: "auto" is "fused" where the one-call C step can run (the
+    torch engine, decode attention "cpu", layers it takes), else "layers"; an explicit "fused"
+    that cannot run is an EngineUnavailable."""
+    if setting == "layers":
+        return setting
+    why = (decoder.fused_step_unsupported()
+           or (None if decoder.decode_attention == "cpu" else
+               f"it runs under decode_attention 'cpu', this model's is {decoder.decode_attention!r}")
+           or (None if torch_engine else "it runs on the torch LLM engine (runtime.llm_engines)"))
+    if setting == "auto":
+        return "layers" if why else "fused"
+    if why:
+        raise EngineUnavailable(f"runtime.decode_step='fused' cannot run: {why}; "
+                                "use decode_step='layers' (or 'auto')")
     return setting
 
 

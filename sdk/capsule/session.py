@@ -34,7 +34,7 @@ from .llm import ModelInfo
 from .llm.engine import Engine
 from .memory.facts import Fact, Memory, MemoryConfig
 from .policy.actor import Actor
-from .session_attention import restore_under_capsule_attention
+from .session_decode_path import restore_under_capsule_decode_path
 from .session_gate import CapsuleGate
 from .session_host import HostPart
 from .session_llm import LLMPart, generate_args, guarded
@@ -97,8 +97,8 @@ class Session:
         try:
             part = LLMPart(a.llm, a.memory) if a.llm is not None and a.memory is not None else None
             session = cls(a.path, a.profile, a.registry, a.store, a.checkpointer, part, a.actor)
-            if restore:   # "auto" attention: a capsule continues under the one it was taken with
-                restore_under_capsule_attention(a, session._gate.restore_newest)
+            if restore:   # "auto" decode path: a capsule continues under the one it was taken with
+                restore_under_capsule_decode_path(a, session._gate.restore_newest)
             if replication is not None:
                 session._replicator = session_fleet.start_replicator(a.store, replication)
         except BaseException:

@@ -44,6 +44,11 @@ def binding_of(llm: LLMParts | None, profile: devices.DeviceProfile, registry: R
         # the decode kernels sum in another order than SDPA: a capsule continues bit-exactly only
         # under the attention it was taken with (named only when not torch's; "auto" resolved)
         layout["decode_attention"] = llm.engine.runner.model.decode_attention
+    if llm and llm.engine.runner.model.decode_step != _decode_step_before(llm):
+        # the one-call C step sums in its own order (matmuls, norms, SwiGLU): a capsule continues
+        # bit-exactly only under the step it was taken with. Named only where it is not what SDKs
+        # before runtime.decode_step ran, so their capsules keep their binding
+        layout["decode_step"] = llm.engine.runner.model.decode_step
     if llm and rt.linears != "dequantized":
         # int4 weights: other logits, other K/V (named only when not the default)
         layout["linears"] = rt.linears
@@ -76,6 +81,7 @@ def _labels(llm: LLMParts | None, profile: devices.DeviceProfile, actor: Actor |
         layout["kv_dtype"] = rt.kv_cache_dtype
         layout["llm_engine"] = llm.engine.runner.engine_name
         layout["decode_attention"] = llm.engine.runner.model.decode_attention
+        layout["decode_step"] = llm.engine.runner.model.decode_step
         layout["linears"] = llm.info.linears
         layout["lm_head"] = _head_kind(llm)
         layout["int4_activations"] = _int4_activations(llm) or "none (no int4 layer)"
@@ -90,6 +96,15 @@ def _head_kind(llm: LLMParts) -> str:
     """How the logits' weights are held: "dense" (the model's dtype), or the head's kind."""
     head = llm.engine.runner.model.head
     return "dense" if head is None else str(getattr(head, "kind", type(head).__name__))
+
+
+def _decode_step_before(llm: LLMParts) -> str:
+    """The decode step SDKs before runtime.decode_step ran: the C step for a model whose every
+    layer is int4 in the C kernel, under decode attention "cpu"; the layer loop otherwise."""
+    model = llm.engine.runner.model
+    fused = (_int4_activations(llm) == "int16" and model.decode_attention == "cpu"
+             and model.fused_step_unsupported() is None)
+    return "fused" if fused else "layers"
 
 
 def _int4_activations(llm: LLMParts) -> str | None:

@@ -1,9 +1,9 @@
 """What a restore kit describes, read back and checked (torch-free).
 
-A kit is written by a Session that runs the onnxruntime LLM engine (``Session.write_lite_kit``)
-and is valid for every capsule of that setup: the capsule binding it was written under, the
-KV pool's layout, the decode step's ONNX graphs (one per block-table width) and the LM head's,
-and where each weight the graphs take comes from: a tensor of a safetensors file the model's
+A kit is written by a Session that runs the onnxruntime LLM engine or the one-call C decode step
+(``Session.write_lite_kit``) and is valid for every capsule of that setup: the capsule binding it
+was written under, the KV pool's layout, the decode step's ONNX graphs (one per block-table
+width) and the LM head's, or the C step's model shape, and where each weight they take comes from: a tensor of a safetensors file the model's
 weights are mapped from (checked bit for bit when the kit was written, and by size, mtime and
 header when it is read), or the kit itself (the RoPE tables; a model with no weights file).
 """
@@ -24,8 +24,9 @@ from ..state.binding import Binding
 from .kitfile import KitFile
 
 FORMAT = "capsule.lite-kit/1"      # onnxruntime graphs
-FORMAT_2 = "capsule.lite-kit/2"    # "engine" named: "int4-c", an all-int4 model's C step
-ENGINES = {FORMAT: ("onnxruntime",), FORMAT_2: ("int4-c",)}
+FORMAT_2 = "capsule.lite-kit/2"    # "engine" named: the C step of an all-int4 or a dense fp32 model
+C_ENGINES = ("int4-c", "f32-c")
+ENGINES = {FORMAT: ("onnxruntime",), FORMAT_2: C_ENGINES}
 DTYPES = {"F32": "float32", "U8": "uint8", "I8": "int8"}   # a weight's dtype: safetensors' name -> numpy's
 MAX_POOL_BYTES = 1 << 36          # 64 GiB: more than any edge device's pool
 MAX_DIM = 1 << 31
@@ -44,8 +45,8 @@ class WeightSource:
 
 
 @dataclass(frozen=True)
-class Int4Shape:
-    """An int4-c kit's model (its "model" entry, checked)."""
+class ModelShape:
+    """A C-step kit's model (its "model" entry, checked)."""
     layers: int
     hidden: int
     intermediate: int
@@ -91,7 +92,7 @@ class Kit:
     weights: tuple[WeightSource, ...]
     files: tuple[WeightFile, ...]
     engine: str = "onnxruntime"      # what runs the steps: ENGINES
-    model: Int4Shape | None = None   # an int4-c kit's
+    model: ModelShape | None = None  # a C-step kit's (C_ENGINES)
 
     @classmethod
     def read(cls, path: Path) -> "Kit":
@@ -104,7 +105,7 @@ class Kit:
             engine = m.get("engine", "onnxruntime")
             if engine not in ENGINES[m["format"]]:
                 raise fields.FieldError("engine", f"{str(engine)[:40]!r} is not one of {ENGINES[m['format']]}")
-            model = _int4_shape(m.get("model")) if engine == "int4-c" else None
+            model = _model_shape(m.get("model")) if engine in C_ENGINES else None
             pool = tuple(fields.integer(v, f"pool[{i}]", 1, MAX_DIM)
                          for i, v in enumerate(fields.seq(m.get("pool"), "pool", 6)))
             if len(pool) != 6 or pool[2] != 2:
@@ -211,7 +212,7 @@ def _weight(value: object, i: int, n_files: int) -> WeightSource:
                         fields.text(w.get("tensor"), f"weights[{i}].tensor", 512), dtype)
 
 
-def _int4_shape(value: object) -> Int4Shape:
+def _model_shape(value: object) -> ModelShape:
     m = fields.obj(value, "model")
     ints = {k: fields.integer(m.get(k), f"model.{k}", 1, MAX_DIM)
             for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim")}
@@ -229,7 +230,7 @@ def _int4_shape(value: object) -> Int4Shape:
     if ints["heads"] % ints["kv_heads"] or ints["layers"] > 4096:
         raise fields.FieldError("model", f"heads {ints['heads']} / kv heads {ints['kv_heads']} / layers "
                                 f"{ints['layers']} do not describe a decoder")
-    return Int4Shape(**ints, **floats, **flags)
+    return ModelShape(**ints, **floats, **flags)
 
 
 def kit_path(store: str | os.PathLike) -> Path:

@@ -6,9 +6,10 @@ second after a power cut, the very tokens the Session would generate.
 binding (the same checks as a Session's restore: checksums, manifest bounds, binding), one
 stream's token ids and block table, and that stream's K/V blocks into a numpy pool; then
 ``generate(n)`` decodes greedily through the kit's onnxruntime graphs (the first step's ORT
-session builds on a background thread while the capsule's pages are read), or, for a kit of an
-all-int4 model (runtime.linears 'int4'), through the package's C decode step and Q8_0 head
-(``int4_steps.py``). It imports numpy, onnxruntime (ORT kits) or the C kernels (int4 kits) and
+session builds on a background thread while the capsule's pages are read), or, for a kit of a
+model decoding in the one-call C step (an fp32 model under runtime.decode_step 'fused', the
+default on CPU, or an all-int4 one), through the package's C decode step and head
+(``c_steps.py``). It imports numpy, onnxruntime (ORT kits) or the C kernels (C-step kits) and
 the SDK's torch-free store and state readers, nothing else.
 
 Exactness: the graphs (or C functions), weights and inputs are the Session's engine's, so each
@@ -40,7 +41,7 @@ from ..store import Store
 from ..tokenize import incremental_state
 from ..tokenize.utf8 import check_tail, split_incomplete, without_eos
 from .kit import Kit, Pieces, kit_path
-from .int4_steps import Int4Steps
+from .c_steps import CSteps
 from .steps import LiteSteps, Sessions, step_name
 
 KV_REGION = "kv_pool"
@@ -57,7 +58,7 @@ class LiteResume:
     """One stream of a store's newest matching capsule, continued greedily (module docstring)."""
 
     def __init__(self, kit: Kit, epoch: int, stream: str, ids: list[int], blocks: list[int],
-                 used: set[int], tail: bytes, pool: np.ndarray, steps: LiteSteps | Int4Steps):
+                 used: set[int], tail: bytes, pool: np.ndarray, steps: LiteSteps | CSteps):
         self.kit, self.epoch, self.stream = kit, epoch, stream
         self._ids, self._blocks, self._used = ids, blocks, used
         self._tail = tail            # the bytes of a character the last reply ended inside
@@ -69,15 +70,15 @@ class LiteResume:
              sign_key: bytes | None = None, threads: int | None = None) -> "LiteResume":
         """Read the kit and the newest capsule of ``store`` that matches it (see the module
         docstring). threads: ORT's intra-op threads (default: the Session's, as the kit records;
-        another count may split a sum differently, and then a token could differ), or the int4
+        another count may split a sum differently, and then a token could differ), or the C
         kernels' workers (any count gives the same bits). Raises CapsuleError subclasses only: LiteUnsupported,
         CapsuleMismatch, CapsuleCorrupt, UnknownStream, StoreError."""
         path = kit_path(store) if kit is None else Path(kit)
         try:
             k = Kit.read(path)
         except FileNotFoundError:
-            raise LiteUnsupported(f"no restore kit at {path}: open the Session once with the onnxruntime "
-                                  "LLM engine and call Session.write_lite_kit()") from None
+            raise LiteUnsupported(f"no restore kit at {path}: call Session.write_lite_kit() once (a CPU Session "
+                                  "decoding in the C step, the default, or on the onnxruntime LLM engine)") from None
         limits = Limits(k.max_context, k.max_blocks, k.max_manifest_bytes)
         parsed: dict[int, Manifest] = {}
         threads = threads if threads is not None else k.threads
@@ -118,7 +119,7 @@ class LiteResume:
         finally:
             st.close()
         steps = (LiteSteps(k, k.map_weights(), pool, sessions) if sessions is not None
-                 else Int4Steps(k, k.map_weights(), pool, threads))
+                 else CSteps(k, k.map_weights(), pool, threads))
         return cls(k, epoch, stream, ids, blocks, used, tail, pool, steps)
 
     @property

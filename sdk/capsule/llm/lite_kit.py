@@ -4,7 +4,8 @@
 ``capsule.lite``: the capsule binding, the KV pool's layout, the onnxruntime engine's decode
 step graphs (one per block-table width a step can run at, for the one-row shape and the
 smallest batch bucket) and its LM head graphs, and where each weight those graphs take lives;
-or, for an all-int4 model (format /2, ``lite_kit_int4.py``), the C step's tensors and shape.
+or, for a model decoding in the one-call C step (format /2, ``lite_kit_c.py``: all int4, or dense
+fp32 under runtime.decode_step "fused"), the C step's tensors and shape.
 A weight that is bit for bit a tensor of a safetensors file the model was mapped from
 (``ModelInfo.weight_files``: a builtin's, a folder's, a GGUF's dequantized cache) is referenced
 by that file's path, size, mtime and header digest; any other (the RoPE tables) is copied into
@@ -29,8 +30,7 @@ from ..lite.kitfile import pack
 from ..paths import write_private
 from ..safetensors_header import header_bytes, parse_header
 from .kv_pool import SCRATCH_BLOCK
-from .lite_kit_int4 import ENGINE as INT4_ENGINE
-from .lite_kit_int4 import int4_kit_parts
+from .lite_kit_c import c_kit_parts
 from .onnx_step import StepShape, build_head, build_step
 from .step_io import table_bucket
 
@@ -49,7 +49,7 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
               ckpt: "Checkpointer") -> Path:
     """Write a Session's restore kit to ``out`` (its LLM engine, tokenizer, model info and
     checkpointer), atomically, mode 0600; returns ``out``. LiteUnsupported unless the LLM runs
-    on the onnxruntime engine on CPU."""
+    the one-call C step or the onnxruntime engine, on CPU."""
     t0 = time.perf_counter()
     runner, pool = engine.runner, engine.pool
     model = runner.model
@@ -58,14 +58,16 @@ def write_kit(out: Path, engine: "Engine", tok: "ReferenceTokenizer", info: "Mod
     blobs: dict[str, bytes | memoryview] = {}
     weights: dict[str, torch.Tensor] = {}
     extra: dict[str, object] = {"format": FORMAT, "onnxruntime": ""}
-    if pool.tensor.device.type == "cpu" and runner.engine_name == "torch" and model.linears_kind == "int4":
-        weights, extra["model"] = int4_kit_parts(runner)       # the C step: no graphs
-        extra.update(format=FORMAT_2, engine=INT4_ENGINE)
+    if pool.tensor.device.type == "cpu" and runner.engine_name == "torch" \
+            and (model.linears_kind == "int4" or model.fused_step is not None):
+        weights, extra["model"], extra["engine"] = c_kit_parts(runner)       # the C step: no graphs
+        extra["format"] = FORMAT_2
     elif runner.engine_name != "onnxruntime" or pool.tensor.device.type != "cpu":
-        raise LiteUnsupported(f"a restore kit runs the onnxruntime LLM engine's graphs, or an int4 model's C step, "
-                              f"on CPU; this Session runs '{runner.engine_name}' on {pool.tensor.device}: open it "
-                              "with device='cpu' and runtime={'llm_engines': ['onnxruntime']} or "
-                              "runtime={'linears': 'int4'}")
+        raise LiteUnsupported(f"a restore kit runs the one-call C decode step or the onnxruntime LLM engine's "
+                              f"graphs, on CPU; this Session runs '{runner.engine_name}' on {pool.tensor.device} "
+                              f"with decode_step {model.decode_step!r}: open it with device='cpu' and the default "
+                              "runtime (an fp32 model, or runtime={'linears': 'int4'}), or "
+                              "runtime={'llm_engines': ['onnxruntime']}")
     else:
         extra["onnxruntime"] = runner.step.ort_version
         for rows in sorted({1, runner.buckets[0]}):

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from devices.profile import DECODE_ATTENTION
-from edge_kernels.decode_step_cpu import Q4DecodeStep
+from devices.profile import DECODE_ATTENTION, DECODE_STEP
+from edge_kernels.decode_step_cpu import DecodeStep
+from edge_kernels.f32_linear_cpu import F32Matrix
 from edge_kernels.paged_decode import paged_decode_attention
 from edge_kernels.paged_decode_cpu import DecodePlan, kernel_threads
 
@@ -20,7 +21,7 @@ from ..errors import ModelLoadError
 from .config import ModelConfig
 from .linears import DenseLinears, LayerLinears
 from .paged_attention import attention_mask, paged_attention, write_kv
-from .q4_step import q4_decode_step
+from .fused_step import fused_decode_step, fused_step_unsupported
 from .rope import apply_rope, rope_tables
 
 
@@ -99,7 +100,8 @@ class Decoder(nn.Module):
         self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
         self.linears_kind = "dequantized"
         self.head: Callable[[torch.Tensor], torch.Tensor] | None = None   # use_linears; None: dense
-        self.step: Q4DecodeStep | None = None   # use_linears: an all-int4 model's one-call decode step
+        self.fused_step: DecodeStep | None = None   # set_decode_step("fused"): decode in one C call
+        self.fused_head: F32Matrix | None = None    # and, for dense weights, the logits in C
         self.scale = cfg.head_dim ** -0.5
         self.decode_attention = "torch"       # set_decode_attention; one of DECODE_ATTENTION
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
@@ -139,14 +141,43 @@ class Decoder(nn.Module):
         if len(linears) != self.cfg.num_layers:
             raise ValueError(f"need one LayerLinears per layer ({self.cfg.num_layers}), got {len(linears)}")
         self.linears, self.linears_kind, self.head = list(linears), kind, head
-        self.step = q4_decode_step(self.cfg, self.layers, self.linears, self.p("model.norm.weight"))
+        # int4 layers in the C kernel decode in one C call unless set_decode_step says otherwise
+        # (what they did before the setting existed); dense layers keep the loop
+        int4_fused = kind == "int4" and self.fused_step_unsupported() is None
+        self.set_decode_step("fused" if int4_fused else "layers")
+
+    def fused_step_unsupported(self) -> str | None:
+        """Why this model's layers cannot decode in one C call (llm/fused_step.py), or None."""
+        return fused_step_unsupported(self.cfg, self.linears, self.p("model.norm.weight"))
+
+    def set_decode_step(self, kind: str) -> None:
+        """DECODE_STEP: "fused" decodes one token a row in one C call (under decode attention
+        "cpu"; ValueError where fused_step_unsupported says why not), "layers" through the loop
+        over the layers. Before any graph is captured."""
+        if kind not in DECODE_STEP:
+            raise ValueError(f"decode step must be one of {DECODE_STEP}, got {kind!r}")
+        self.fused_step = (fused_decode_step(self.cfg, self.layers, self.linears, self.p("model.norm.weight"))
+                           if kind == "fused" else None)
+        # a dense model's logits in the same C linear: the lite restore (capsule.lite) runs the
+        # same calls over the same bytes, bit for bit; an int4 model keeps its own head
+        self.fused_head = (F32Matrix([self.head_weight()]) if self.fused_step is not None and self.head is None
+                           else None)
+
+    @property
+    def decode_step(self) -> str:
+        """The decode step in effect: "fused" (set so, under decode attention "cpu") or "layers"."""
+        return "fused" if self.fused_step is not None and self.decode_attention == "cpu" else "layers"
 
     def head_weight(self) -> torch.Tensor:
         """The (V, D) matrix the logits multiply by: the embeddings when tied."""
         return self.p("model.embed_tokens.weight") if self.cfg.tie_embeddings else self.p("lm_head.weight")
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.head_weight()) if self.head is None else self.head(h)
+        if self.head is not None:
+            return self.head(h)
+        if self.fused_head is not None and self.decode_attention == "cpu":   # decode_step "fused"
+            return self.fused_head(h, kernel_threads())
+        return F.linear(h, self.head_weight())
 
     def _decode_kernel(self, positions: torch.Tensor, slot_mapping: torch.Tensor,
                        block_tables: torch.Tensor, kv_pool: torch.Tensor, slot_valid: torch.Tensor | None,
@@ -210,9 +241,9 @@ class Decoder(nn.Module):
         one_query = T == 1 and block_pos is None and segments is None
         plan = (self._cpu_plan(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin)
                 if one_query and self.decode_attention == "cpu" else None)
-        if plan is not None and self.step is not None and capture is None:   # all-int4: one C call
+        if plan is not None and self.fused_step is not None and capture is None:   # one C call
             x = F.embedding(input_ids.view(B), self.p("model.embed_tokens.weight"))   # (B, D)
-            return self.step(x, plan, kv_pool, self.scale, kernel_threads()).view(B, 1, -1)
+            return self.fused_step(x, plan, kv_pool, self.scale, kernel_threads()).view(B, 1, -1)
         kernel = (self._decode_kernel(positions, slot_mapping, block_tables, kv_pool, slot_valid, cos, sin, plan)
                   if one_query else None)
         # the same for every layer: built once per forward

@@ -1,7 +1,7 @@
 """Restore -> first token with ``capsule.lite`` (no torch), in fresh processes (issue 19).
 
 ``measure_lite(text, ...)``: a Session (one thread; on the onnxruntime LLM engine for the
-dequantized model, on its int4 C step for ``linears="int4"``) appends the transcript, generates
+dequantized model, on the C step for ``kind="dequantized-c"`` and ``"int4"``: RUNTIMES) appends the transcript, generates
 one token, checkpoints and writes the restore kit; its next greedy token is the reference. Then each rep spawns a process that imports only ``capsule.lite``,
 opens the store and generates one token; it reports its phases against the parent's clock
 (perf_counter is CLOCK_MONOTONIC: one clock for both, so spawn -> token includes the
@@ -19,8 +19,10 @@ from typing import Any
 
 from .child_env import timed_child_env
 
-# the Session that writes each kit: onnxruntime graphs (dequantized) or the int4 C step
-RUNTIMES = {"dequantized": {"threads": 1, "llm_engines": ["onnxruntime"]}, "int4": {"threads": 1, "linears": "int4"}}
+# the Session that writes each kit, by kind: onnxruntime graphs (dequantized), the dense fp32 C
+# step (dequantized-c: the default CPU Session) or the int4 C step
+RUNTIMES = {"dequantized": {"threads": 1, "llm_engines": ["onnxruntime"]}, "dequantized-c": {"threads": 1},
+            "int4": {"threads": 1, "linears": "int4"}}
 
 CHILD = """
 import json, os, sys, time
@@ -39,11 +41,11 @@ os._exit(0)
 """
 
 
-def prepare(text: str, model: str, store: Path, linears: str = "dequantized") -> tuple[int, int, int]:
+def prepare(text: str, model: str, store: Path, kind: str = "dequantized") -> tuple[int, int, int]:
     """(context tokens, the Session's next token, epoch bytes) of a store holding ``text`` plus
     one generated token, with its restore kit."""
     from ...session import Session
-    with Session.open(store, model=model, device="cpu", runtime=RUNTIMES[linears]) as s:
+    with Session.open(store, model=model, device="cpu", runtime=RUNTIMES[kind]) as s:
         s.append(text)
         s.generate(1)
         s.checkpoint()
@@ -53,11 +55,11 @@ def prepare(text: str, model: str, store: Path, linears: str = "dequantized") ->
         return n, s.tokens()[n], s.checkpointer.last_bytes
 
 
-def measure_lite(text: str, model: str, reps: int, work: Path, linears: str = "dequantized") -> dict[str, Any]:
+def measure_lite(text: str, model: str, reps: int, work: Path, kind: str = "dequantized") -> dict[str, Any]:
     """Medians over ``reps`` fresh processes (seconds, after one uncounted warm-up), and whether
     each gave the Session's token."""
-    store = work / ("lite" if linears == "dequantized" else f"lite-{linears}")
-    n, want, nbytes = prepare(text, model, store, linears)
+    store = work / ("lite" if kind == "dequantized" else f"lite-{kind}")
+    n, want, nbytes = prepare(text, model, store, kind)
     runs = []
     for rep in range(reps + 1):       # the first run warms the bytecode cache (child_env): not counted
         out = subprocess.run([sys.executable, "-c", CHILD, str(store), repr(time.perf_counter())],

@@ -157,9 +157,10 @@ def run(opts: BenchOptions) -> SuiteResult:
                                       {"threads": 1, "linears": lin}, show)
             results["capsule_restore"][lin] = rows[0]
         # the same transcript restored by a process that never imports torch (capsule.lite):
-        # onnxruntime graphs over the dequantized weights, and the int4 C step
+        # onnxruntime graphs over the dequantized weights, the dense fp32 C step, the int4 C step
         transcript = (work / "dequantized" / f"transcript-{RESTORE_TOKENS}.txt").read_text(encoding="utf-8")
         results["capsule_lite_restore"] = measure_lite(transcript, model, restore_reps, work)
+        results["capsule_lite_restore_f32c"] = measure_lite(transcript, model, restore_reps, work, "dequantized-c")
         results["capsule_lite_restore_int4"] = measure_lite(transcript, model, restore_reps, work, "int4")
         if files:
             results["llama_restore"] = _llama_restore(env, files, restore_ids, restore_reps, work)

@@ -1,35 +1,40 @@
-"""An int4-c kit's steps (torch-free): the Session's C decode step and Q8_0 head (the package's
-CPU kernels, through ctypes) over the kit's tensors mapped with numpy and a numpy KV pool.
+"""A C-step kit's steps (torch-free; engines "int4-c" and "f32-c"): the Session's one-call C decode
+step and its head (the package's CPU kernels, through ctypes) over the kit's tensors mapped with
+numpy and a numpy KV pool.
 
-Exactness: the same C functions over the same bytes as the Session's (capsule/llm/q4_step.py,
-q8_head.py), the embedding rows and RoPE rows copied as the Session indexes them, so the hidden
-states and logits are the Session's bit for bit, whatever the thread count (the kernels' sums do
-not depend on it). The kit is untrusted input: every tensor's shape is checked against the
-kit's model before any address reaches C, every id, position, slot and block per step.
-Threading: one Int4Steps per pool, called from one thread.
+Exactness: the same C functions over the same bytes as the Session's (capsule/llm/fused_step.py;
+the Q8_0 head, q8_head.py, for int4; the fp32 head of a fused dense model), the embedding rows
+and RoPE rows copied as the Session indexes them, so the hidden states and logits are the
+Session's bit for bit, whatever the thread count (the kernels' sums do not depend on it). The
+kit is untrusted input: every tensor's shape is checked against the kit's model before any
+address reaches C, every id, position, slot and block per step.
+Threading: one CSteps per pool, called from one thread.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Sequence
 
 import numpy as np
 
 from edge_kernels import cpu_library
-from edge_kernels.decode_step_abi import MATRICES, Layer, Mat, Step, matrix_shapes, run
+from edge_kernels.decode_step_abi import (MATRICES, F32Parts, Layer, Mat, Step, f32_blocks, f32_mat, matrix_shapes,
+                                          q4_mat, run)
 
 from ..errors import CapsuleCorrupt, LiteUnsupported
-from .kit import Kit
+from .kit import Kit, ModelShape
 
 
-class Int4Steps:
+class CSteps:
     def __init__(self, kit: Kit, weights: dict[str, np.ndarray], pool: np.ndarray, threads: int):
         why = cpu_library.missing()
         if why:
-            raise LiteUnsupported(f"the int4 lite restore runs the package's CPU kernels: {why}")
+            raise LiteUnsupported(f"the {kit.engine} lite restore runs the package's CPU kernels: {why}")
         m = kit.model
         if m is None:
-            raise LiteUnsupported("this kit has no int4 model (it runs onnxruntime graphs)")
+            raise LiteUnsupported("this kit has no C-step model (it runs onnxruntime graphs)")
         self.kit, self.pool, self.threads, self.m = kit, pool, max(1, threads), m
+        self.int4 = kit.engine == "int4-c"
         D, I, H, KV, hd = m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim
         self.w = weights
         self._check("embed", (kit.vocab_size, D), np.float32)
@@ -37,9 +42,14 @@ class Int4Steps:
         self.rope = self.w["rope_cos"].shape[0] if "rope_cos" in self.w else 0
         self._check("rope_cos", (self.rope, hd), np.float32)
         self._check("rope_sin", (self.rope, hd), np.float32)
-        self._check("head.codes", (kit.vocab_size, D), np.int8)
-        self._check("head.scales", (kit.vocab_size, D // 32), np.float32)
-        if D % 32 or hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
+        if self.int4:
+            self._check("head.codes", (kit.vocab_size, D), np.int8)
+            self._check("head.scales", (kit.vocab_size, D // 32), np.float32)
+        else:
+            self._head = F32Parts(n=1)
+            self._head.part[0] = self._check("head.weight", (kit.vocab_size, D), np.float32).ctypes.data
+            self._head.rows[0] = kit.vocab_size
+        if (self.int4 and D % 32) or hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
                 or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
             raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {H} heads, "
                                  f"{KV} x {hd} kv heads) is not one the C step runs over its pool {list(kit.pool)}")
@@ -48,18 +58,26 @@ class Int4Steps:
         for i in range(m.layers):
             mats = {}
             for name in MATRICES:
-                n, k = shapes[name]
-                nib = self._check(f"{i}.{name}.nib", (n, k // 2), np.uint8)
-                d = self._check(f"{i}.{name}.d", (n, k // 32), np.float32)
-                mt = self._check(f"{i}.{name}.mt", (k // 32, n), np.float32)
                 bias = None
                 if (name == "qkv" and m.qkv_bias) or (name == "o" and m.o_bias):
-                    bias = self._check(f"{i}.{name}.bias", (n,), np.float32).ctypes.data
-                mats[name] = Mat(nib.ctypes.data, d.ctypes.data, mt.ctypes.data, bias)
+                    bias = self._check(f"{i}.{name}.bias", (shapes[name][0],), np.float32).ctypes.data
+                mats[name] = self._matrix(f"{i}.{name}", shapes[name], bias, m)
             layers.append(Layer(self._check(f"{i}.in_norm", (D,), np.float32).ctypes.data,
                                 self._check(f"{i}.post_norm", (D,), np.float32).ctypes.data,
                                 mats["qkv"], mats["o"], mats["gate_up"], mats["down"]))
         self.layers = (Layer * len(layers))(*layers)
+
+    def _matrix(self, name: str, shape: tuple[int, int], bias: int | None, m: ModelShape) -> Mat:
+        n, k = shape
+        if self.int4:
+            nib = self._check(f"{name}.nib", (n, k // 2), np.uint8)
+            d = self._check(f"{name}.d", (n, k // 32), np.float32)
+            mt = self._check(f"{name}.mt", (k // 32, n), np.float32)
+            return q4_mat(nib.ctypes.data, d.ctypes.data, mt.ctypes.data, bias)
+        layer, matrix = name.split(".")
+        blocks = f32_blocks(m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim)[matrix]
+        return f32_mat([(self._check(f"{layer}.{part}", (r, k), np.float32).ctypes.data, r) for part, r in blocks],
+                       bias)
 
     def _check(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         a = self.w.get(name)
@@ -100,15 +118,20 @@ class Int4Steps:
         return out
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
-        """Logits (n, V) of hidden (n, D) over the Q8_0 head, as the Session's Q8Head."""
+        """Logits (n, V) of hidden (n, D), as the Session's head: the Q8_0 one (int4), or the
+        fp32 one in the C linear (the Decoder's fused_head)."""
         h = np.ascontiguousarray(hidden, dtype=np.float32)
         n, D = h.shape
         V = self.kit.vocab_size
         out = np.empty((n, V), np.float32)
-        rc = cpu_library.library().capsule_q8_linear(h.ctypes.data, n, self.w["head.codes"].ctypes.data,
-                                                     self.w["head.scales"].ctypes.data, V, D, out.ctypes.data,
-                                                     self.threads)
+        lib = cpu_library.library()
+        if self.int4:
+            rc = lib.capsule_q8_linear(h.ctypes.data, n, self.w["head.codes"].ctypes.data,
+                                       self.w["head.scales"].ctypes.data, V, D, out.ctypes.data, self.threads)
+        else:
+            rc = lib.capsule_f32_linear(h.ctypes.data, n, ctypes.addressof(self._head), D, out.ctypes.data,
+                                        self.threads)
         if rc != 0:
-            raise RuntimeError("the CPU Q8_0 head could not start its threads")
+            raise RuntimeError("the CPU head could not start its threads")
         return out
 
