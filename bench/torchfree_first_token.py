@@ -1,16 +1,18 @@
 """Restore to the first token in a fresh process, with and without torch (issue 19).
 
-Once (``capsule.tools.bench.lite_restore.prepare``): a SmolLM2-135M Session on the onnxruntime
-LLM engine, one thread, prefills a ~2,000-token prompt, generates one token, checkpoints, writes
-the restore kit and notes its own next token. Then, in turns, fresh processes restore that
-capsule and produce the next token (bytecode cached, as an installed package: child_env):
-- "lite": ``capsule.lite.LiteResume`` (numpy + onnxruntime, torch never imported);
+Once (``capsule.tools.bench.lite_restore.prepare``): a SmolLM2-135M Session of ``--kind``
+(lite_restore.RUNTIMES: "dequantized-c", the default CPU Session decoding in the C step;
+"dequantized", on the onnxruntime LLM engine; "int4"), one thread, prefills a ~2,000-token prompt,
+generates one token, checkpoints, writes the restore kit and notes its own next token. Then, in
+turns, fresh processes restore that capsule and produce the next token (bytecode cached, as an
+installed package: child_env):
+- "lite": ``capsule.lite.LiteResume`` (numpy + the C kernels or onnxruntime, never torch);
 - "session": ``Session.open`` (torch, the whole Session) then ``generate(1)``.
 Each child prints its phases (perf_counter is CLOCK_MONOTONIC: one clock for parent and
 child, so spawn -> token includes the interpreter's start) and the token; the parent checks
 each is the Session's. (``capsule bench --suite peers`` runs the lite child beside llama.cpp.)
 
-    .venv/bin/python bench/torchfree_first_token.py [--reps 5]
+    .venv/bin/python bench/torchfree_first_token.py [--reps 5] [--kind dequantized-c]
 """
 from __future__ import annotations
 
@@ -25,17 +27,17 @@ import time
 from pathlib import Path
 
 from capsule.tools.bench.child_env import timed_child_env
-from capsule.tools.bench.lite_restore import CHILD, RUNTIME, prepare
+from capsule.tools.bench.lite_restore import CHILD, RUNTIMES, prepare
 
 CONTEXT = 2000
 WORDS = "the robot moves the red block to the left shelf and then checks the gripper ".split()
 
 
-def session_child(store: str, t_start: float) -> None:
+def session_child(store: str, kind: str, t_start: float) -> None:
     t0 = time.perf_counter()
     from capsule import Session
     t1 = time.perf_counter()
-    s = Session.open(store, model="smollm2-135m", device="cpu", runtime=RUNTIME)
+    s = Session.open(store, model="smollm2-135m", device="cpu", runtime=RUNTIMES[kind])
     t2 = time.perf_counter()
     n0 = len(s.tokens())
     s.generate(1)
@@ -49,20 +51,22 @@ def session_child(store: str, t_start: float) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        session_child(sys.argv[2], float(sys.argv[3]))
+        session_child(sys.argv[2], sys.argv[3], float(sys.argv[4]))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--kind", choices=sorted(RUNTIMES), default="dequantized-c")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "s"
         text = " ".join(WORDS[j % len(WORDS)] for j in range(int(CONTEXT * 0.85)))
-        n, want, _ = prepare(text, "smollm2-135m", store)
+        n, want, _ = prepare(text, "smollm2-135m", store, args.kind)
         print(f"context: {n} tokens; load average {os.getloadavg()[0]:.2f}; cpu {os.cpu_count()}")
         runs: dict[str, list[dict]] = {"lite": [], "session": []}
         # interleaved: both see the same machine state; rep 0 warms the bytecode cache (not counted)
         for rep in range(args.reps + 1):
-            for kind, argv in (("lite", ["-c", CHILD, str(store)]), ("session", [__file__, "child", str(store)])):
+            for kind, argv in (("lite", ["-c", CHILD, str(store)]),
+                               ("session", [__file__, "child", str(store), args.kind])):
                 out = subprocess.run([sys.executable, *argv, repr(time.perf_counter())],
                                      capture_output=True, text=True, check=True, env=timed_child_env())
                 if rep:
