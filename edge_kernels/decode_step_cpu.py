@@ -1,7 +1,8 @@
 """A whole decode step of a decoder on the CPU whose every layer is int4 (Q4Matrix) or every layer
-fp32 (F32Matrix), in one C call (csrc/decode_step_cpu.c): per layer RMSNorm, q|k|v, RoPE + the K/V write + paged attention, o, RMSNorm, gate|up, SwiGLU,
-down, the residuals; then the final RMSNorm. It replaces the decoder's Python loop over the
-layers (~40 torch operators a layer) for one new token per row.
+fp32 (F32Matrix), in one C call (csrc/decode_step_cpu.c): per layer RMSNorm, q|k|v, RoPE + the
+K/V write + paged attention, o, RMSNorm, gate|up, SwiGLU, down, the residuals; then the final
+RMSNorm. It replaces the decoder's Python loop over the layers (~40 torch operators a layer) for
+one new token per row.
 
 The weights are checked once (DecodeStep); a step checks the rows (a DecodePlan with slots and
 RoPE tables: paged_decode_cpu) and the pool. Its numerics are fixed (the C file says how), the

@@ -86,3 +86,17 @@ def test_bad_arguments_are_refused():
         m(_rand(2, 63))
     with pytest.raises(ValueError, match="x must be"):
         m(_rand(2, 64).double())
+
+
+def test_the_doctor_checks_the_kernel(monkeypatch, tmp_path):
+    from capsule.tools.doctor import FAILED, MISSING, OK, probe_f32_kernel
+    check = probe_f32_kernel(tmp_path)
+    assert check.status == OK and "the same bits" in check.reason, check
+    monkeypatch.setattr(f32_linear_cpu, "missing", lambda: "no C compiler at install")
+    check = probe_f32_kernel(tmp_path)
+    assert check.status == MISSING and "no C compiler at install" in check.reason
+    monkeypatch.undo()
+    real = F32Matrix.__call__                     # a kernel that drops the second row block is caught
+    monkeypatch.setattr(F32Matrix, "__call__", lambda self, x, threads=1: real(self, x, threads) * (
+        torch.arange(self.n_out) < self.parts[0].shape[0]))
+    assert probe_f32_kernel(tmp_path).status == FAILED

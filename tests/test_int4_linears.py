@@ -247,6 +247,7 @@ def test_the_decode_suites_weights_table(session_gguf):
     rows = {(r["linears"], r["attention"], r["threads"]): r for r in m["rows"]}
     assert {lin for lin, _, _ in rows} == {"dequantized", "int4"} and {t for _, _, t in rows} >= {1}
     assert {(a, r["kernel"]) for (_, a, _), r in rows.items()} == {("auto", "cpu"), ("torch", "torch")}
+    assert {(a, r["step"]) for (_, a, _), r in rows.items()} == {("auto", "fused"), ("torch", "layers")}
     for r in rows.values():
         assert r["b1_ms_ctx512"] > 0 and r["b4_ms_per_token_ctx512"] > 0 and r["prefill_tokens"] >= 512
         assert 0 <= r["greedy_same_as_dequantized"] <= r["greedy_tokens"] == 5

@@ -125,7 +125,7 @@ def test_a_broken_engine_becomes_a_skip_reason(monkeypatch):
 def test_the_doctor_runs_every_registered_probe():
     names = [n for n, _ in default_probes()]
     with_probe = [e.name for e in registry.ENTRIES if e.probe is not None]
-    assert names == ["torch cpu", "decode kernel", "int4 kernel", "torch cuda", "cuda graphs", *with_probe, "policy",
+    assert names == ["torch cpu", "decode kernel", "int4 kernel", "fp32 kernel", "torch cuda", "cuda graphs", *with_probe, "policy",
                      "llm onnxruntime", "llm tensorrt"]
     assert with_probe == ["tensorrt", "onnxruntime"]   # torch: doctor's own torch probes
 

@@ -3,7 +3,8 @@
 A kit is written by a Session that runs the onnxruntime LLM engine or the one-call C decode step
 (``Session.write_lite_kit``) and is valid for every capsule of that setup: the capsule binding it
 was written under, the KV pool's layout, the decode step's ONNX graphs (one per block-table
-width) and the LM head's, or the C step's model shape, and where each weight they take comes from: a tensor of a safetensors file the model's
+width) and the LM head's, or the C step's model shape, and where each weight they take comes
+from: a tensor of a safetensors file the model's
 weights are mapped from (checked bit for bit when the kit was written, and by size, mtime and
 header when it is read), or the kit itself (the RoPE tables; a model with no weights file).
 """

@@ -10,7 +10,7 @@ SwiGLU sum in their own fixed order (not torch's): a capsule binds it (runtime.d
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
@@ -21,10 +21,8 @@ from edge_kernels.f32_linear_cpu import F32Matrix
 
 from .config import ModelConfig
 from .int4_linear import Int4Linears, Q4KernelMatrix
+from .layer_weights import LayerWeights
 from .linears import DenseLinears, LayerLinears
-
-if TYPE_CHECKING:
-    from .model import _LayerWeights
 
 
 def _int4(lin: LayerLinears) -> bool:
@@ -63,7 +61,7 @@ def dense_qkv_bias(lin: DenseLinears) -> torch.Tensor | None:
     return torch.cat([b if b is not None else torch.zeros(w.shape[0]) for b, w in pairs])
 
 
-def fused_decode_step(cfg: ModelConfig, weights: "Sequence[_LayerWeights]", linears: Sequence[LayerLinears],
+def fused_decode_step(cfg: ModelConfig, weights: Sequence[LayerWeights], linears: Sequence[LayerLinears],
                       final_norm: torch.Tensor) -> DecodeStep:
     """The one-call decode step for these layers; ValueError where fused_step_unsupported says why."""
     why = fused_step_unsupported(cfg, linears, final_norm)

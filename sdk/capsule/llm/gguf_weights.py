@@ -23,7 +23,7 @@ from ..errors import ModelLoadError, UnsupportedArchitecture
 from ..paths import cache_dir, map_file
 from .config import ModelConfig
 from .gguf_file import SUPPORTED_TYPES, GGUFHeader, TensorInfo
-from .model import expected_shapes
+from .layer_weights import expected_shapes
 from .safetensors_mmap import read_safetensors
 
 if TYPE_CHECKING:

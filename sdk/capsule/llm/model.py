@@ -5,7 +5,7 @@ The model holds no cache of its own: K/V live in the pool passed to `forward`.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,8 @@ from edge_kernels.paged_decode_cpu import DecodePlan, kernel_threads
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
-from .linears import DenseLinears, LayerLinears
+from .layer_weights import LayerWeights, expected_shapes
+from .linears import LayerLinears
 from .paged_attention import attention_mask, paged_attention, write_kv
 from .fused_step import fused_decode_step, fused_step_unsupported
 from .rope import apply_rope, rope_tables
@@ -33,33 +34,6 @@ from .rope import apply_rope, rope_tables
 # A DecodeKernel: (q, k, v pre-RoPE, k_cache, v_cache) -> attention (B, 1, H, hd), the new
 # K/V written into the step's slots.
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint must provide, by Hugging Face name."""
-    D, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q_out, kv_out = cfg.num_heads * hd, cfg.num_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, D),
-                                          "model.norm.weight": (D,)}
-    if not cfg.tie_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, D)
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (q_out, D), p + "self_attn.k_proj.weight": (kv_out, D),
-            p + "self_attn.v_proj.weight": (kv_out, D), p + "self_attn.o_proj.weight": (D, q_out),
-            p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
-            p + "mlp.down_proj.weight": (D, I),
-        })
-        if cfg.qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
-                           p + "self_attn.v_proj.bias": (kv_out,)})
-        if cfg.o_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (D,)
-        if cfg.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
-    return shapes
 
 
 _FUSED_RMS_NORM = hasattr(F, "rms_norm")   # torch >= 2.4
@@ -95,7 +69,7 @@ class Decoder(nn.Module):
         self.w = nn.ParameterDict({n.replace(".", "/"): nn.Parameter(weights[n], requires_grad=False)
                                    for n in want})
         # per-layer tensors resolved once: the step loop does no name lookups
-        self.layers = [_LayerWeights.of(self, f"model.layers.{i}.") for i in range(cfg.num_layers)]
+        self.layers = [LayerWeights.of(self.p, cfg, f"model.layers.{i}.") for i in range(cfg.num_layers)]
         # what forward multiplies by: dense views of those weights unless use_linears swaps them
         self.linears: list[LayerLinears] = [lw.dense() for lw in self.layers]
         self.linears_kind = "dequantized"
@@ -273,43 +247,3 @@ class Decoder(nn.Module):
             x = x + lin.o(att.reshape(B, T, H * hd))
             x = x + lin.mlp(rms_norm(x, lw.post_norm, cfg.rms_norm_eps))
         return rms_norm(x, self.p("model.norm.weight"), cfg.rms_norm_eps)
-
-
-
-class _LayerWeights(NamedTuple):
-    in_norm: torch.Tensor
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-
-    def dense(self) -> DenseLinears:
-        return DenseLinears(self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
-                            self.q_bias, self.k_bias, self.v_bias, self.o_bias)
-
-    @classmethod
-    def of(cls, model: "Decoder", p: str) -> "_LayerWeights":
-        bias = model.cfg.qkv_bias
-        return cls(
-            model.p(p + "input_layernorm.weight"), model.p(p + "self_attn.q_proj.weight"),
-            model.p(p + "self_attn.k_proj.weight"), model.p(p + "self_attn.v_proj.weight"),
-            model.p(p + "self_attn.q_proj.bias") if bias else None,
-            model.p(p + "self_attn.k_proj.bias") if bias else None,
-            model.p(p + "self_attn.v_proj.bias") if bias else None,
-            model.p(p + "self_attn.o_proj.weight"),
-            model.p(p + "self_attn.o_proj.bias") if model.cfg.o_bias else None,
-            model.p(p + "post_attention_layernorm.weight"),
-            model.p(p + "mlp.gate_proj.weight"), model.p(p + "mlp.up_proj.weight"),
-            model.p(p + "mlp.down_proj.weight"),
-            model.p(p + "self_attn.q_norm.weight") if model.cfg.qk_norm else None,
-            model.p(p + "self_attn.k_norm.weight") if model.cfg.qk_norm else None)

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from ..errors import ModelLoadError
 from ..paths import cache_dir
 from .config import ModelConfig
-from .model import expected_shapes
+from .layer_weights import expected_shapes
 
 PRESETS: dict[str, dict] = {
     # a step in a few ms on 2 CPU cores: for tests

@@ -18,11 +18,11 @@ from typing import Sequence
 
 from ..policy.probe import FAILED, MISSING, OK, Check, NeedsPackage, Probe, exact_probe_tensors
 from ..policy import registry
-from .doctor_kernels import probe_decode_kernel, probe_int4_kernel
+from .doctor_kernels import probe_decode_kernel, probe_f32_kernel, probe_int4_kernel
 
 __all__ = ["FAILED", "MISSING", "OK", "WARN", "Check", "NeedsPackage", "Probe", "cpu_load_check", "cpu_works",
-           "default_probes", "format_checks", "probe_decode_kernel", "probe_int4_kernel", "probe_policy",
-           "run_checks"]
+           "default_probes", "format_checks", "probe_decode_kernel", "probe_f32_kernel", "probe_int4_kernel",
+           "probe_policy", "run_checks"]
 
 WARN = "WARN"   # works, but something here will slow it down (the reason says what to change)
 
@@ -236,11 +236,11 @@ def probe_llm_tensorrt(work: Path) -> Check:
 
 
 def default_probes() -> list[tuple[str, Probe]]:
-    """torch itself (it runs the LLM) and the C decode and int4 kernels, each registered policy engine's
+    """torch itself (it runs the LLM) and the C decode, int4 and fp32 kernels, each registered policy engine's
     probe, the policy path, then the LLM engines besides torch."""
     engines = [(e.name, e.probe) for e in registry.ENTRIES if e.probe is not None]
     return [("torch cpu", probe_torch_cpu), ("decode kernel", probe_decode_kernel), ("int4 kernel", probe_int4_kernel),
-            ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
+            ("fp32 kernel", probe_f32_kernel), ("torch cuda", probe_torch_cuda), ("cuda graphs", probe_cuda_graphs),
             *engines, ("policy", probe_policy), ("llm onnxruntime", probe_llm_onnxruntime),
             ("llm tensorrt", probe_llm_tensorrt)]
 

@@ -1,6 +1,6 @@
 """`capsule doctor`'s probes of the package's C CPU kernels: the paged decode attention against
-torch's, the Q4 linear against float64 products (and its SIMD path against the portable one's
-bits). Each reports MISSING, saying why, where the install could not build the kernels."""
+torch's, the Q4 and fp32 linears against float64 products (and the Q4 one's SIMD path against
+the portable one's bits, the fp32 one's at two thread counts). Each reports MISSING, saying why, where the install could not build the kernels."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -69,3 +69,26 @@ def probe_int4_kernel(work: Path) -> Check:
     return Check("int4 kernel", OK if ok else FAILED, "C",
                  f"Q4 linear vs float64: max |diff| {err:.1e}; {path} path "
                  f"{'gives the portable path' if same else 'DIFFERS from the portable path'}'s bits; {used}")
+
+
+def probe_f32_kernel(work: Path) -> Check:
+    """The C fp32 linear (the one-call decode step of a dense model: runtime.decode_step 'auto')
+    against float64 products on a small matrix of two row blocks, and its bits at 1 and 3 threads;
+    MISSING where the install could not build it (a dense model then decodes layer by layer)."""
+    import torch
+
+    from edge_kernels.f32_linear_cpu import F32Matrix, missing
+
+    why = missing()
+    if why:
+        return Check("fp32 kernel", MISSING, "-", f"{why}; runtime.decode_step 'auto' runs the layer loop")
+    g = torch.Generator().manual_seed(0)
+    top, bottom = torch.randn(40, 100, generator=g), torch.randn(9, 100, generator=g)
+    x = torch.randn(3, 100, generator=g)
+    m = F32Matrix([top, bottom])
+    got = m(x, threads=1)
+    err = (got.double() - x.double() @ torch.cat([top, bottom]).double().T).abs().max().item()
+    same = torch.equal(got, m(x, threads=3))
+    return Check("fp32 kernel", OK if err < 1e-4 and same else FAILED, "C",
+                 f"fp32 linear vs float64: max |diff| {err:.1e}; {'the same' if same else 'OTHER'} bits at 1 and 3 "
+                 "threads; runtime.decode_step 'auto' decodes a dense fp32 model in one C call with it")

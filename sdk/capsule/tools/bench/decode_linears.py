@@ -111,6 +111,7 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
     before = torch.get_num_threads()   # process-wide: give it back afterwards
     bar = progress(len(cells) * (reps + 1), "linears x attention x threads", show, unit="rep")
     kinds: dict[str, str] = {}
+    steps_run: dict[tuple[str, str], str] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="capsule-bench-linears-") as tmp:
             sessions = {(lin, att, t): Session.open(
@@ -118,6 +119,7 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
                 runtime={"threads": t, "linears": lin, "decode_attention": att, "kv_pool_mb": KV_POOL_MB})
                 for lin, att, t in cells}
             kinds = {att: s.engine.runner.model.decode_attention for (_, att, _), s in sessions.items()}
+            steps_run = {(lin, att): s.engine.runner.model.decode_step for (lin, att, _), s in sessions.items()}
             try:
                 for r in range(-1, reps):      # rep -1: the untimed warm-up
                     for c, s in sessions.items():
@@ -134,21 +136,23 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
     finally:
         torch.set_num_threads(before)
         bar.close()
-    return {"rows": _rows(got, contexts, kinds), "deviation": dev, "cores": os.cpu_count(),
+    return {"rows": _rows(got, contexts, kinds, steps_run), "deviation": dev, "cores": os.cpu_count(),
             "greedy": {f"{lin}/{t}": cells[0]["ids"] for (lin, att, t), cells in got.items()
                        if att == ATTENTION[0]},
             "load_average_1m": _load(), "reps": reps, "steps": steps}
 
 
 def _rows(got: dict[tuple[str, str, int], list[dict[str, Any]]], contexts: tuple[int, ...],
-          kinds: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per cell; "attention" is the setting, "kernel" what it resolved to."""
+          kinds: dict[str, str], steps_run: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+    """One row per cell; "attention" is the setting, "kernel" what it resolved to, "step" the
+    decode step it ran (runtime.decode_step "auto": "fused" or "layers")."""
     def ms(v: list[float], per: int = 1) -> float | None:
         return percentile(v, 50) * 1e3 / per if v else None
     rows = []
     for (lin, att, t), cells in got.items():
         base = got[("dequantized", att, t)][0]["ids"]
-        row: dict[str, Any] = {"linears": lin, "attention": att, "kernel": kinds.get(att, att), "threads": t,
+        row: dict[str, Any] = {"linears": lin, "attention": att, "kernel": kinds.get(att, att),
+                               "step": steps_run.get((lin, att), "?"), "threads": t,
                                "prefill_tokens": cells[0]["prefill"][0],
                                "prefill_tokens_per_s": cells[0]["prefill"][0]
                                / statistics.median(c["prefill"][1] for c in cells)}
