@@ -49,7 +49,7 @@ class CSteps:
             self._head = F32Parts(n=1)
             self._head.part[0] = self._check("head.weight", (kit.vocab_size, D), np.float32).ctypes.data
             self._head.rows[0] = kit.vocab_size
-        if (self.int4 and D % 32) or hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
+        if hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
                 or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
             raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {H} heads, "
                                  f"{KV} x {hd} kv heads) is not one the C step runs over its pool {list(kit.pool)}")
@@ -70,6 +70,9 @@ class CSteps:
     def _matrix(self, name: str, shape: tuple[int, int], bias: int | None, m: ModelShape) -> Mat:
         n, k = shape
         if self.int4:
+            if k % 32:   # the Q4 kernel reads whole 32-blocks: a model whose inputs are not cannot be int4
+                raise CapsuleCorrupt(f"restore kit {self.kit.file.path}: {name} takes {k} inputs, not a multiple "
+                                     "of 32 (a Q4 block); write it again (Session.write_lite_kit)")
             nib = self._check(f"{name}.nib", (n, k // 2), np.uint8)
             d = self._check(f"{name}.d", (n, k // 32), np.float32)
             mt = self._check(f"{name}.mt", (k // 32, n), np.float32)
