@@ -133,9 +133,10 @@ class Decoder(nn.Module):
         self.fused_step = (fused_decode_step(self.cfg, self.layers, self.linears, self.p("model.norm.weight"))
                            if kind == "fused" else None)
         # a dense model's logits in the same C linear: the lite restore (capsule.lite) runs the
-        # same calls over the same bytes, bit for bit; an int4 model keeps its own head
-        self.fused_head = (F32Matrix([self.head_weight()]) if self.fused_step is not None and self.head is None
-                           else None)
+        # same calls over the same bytes, bit for bit. An int4 model keeps its head (a dense one
+        # too: its capsules from before the setting continue with torch's logits)
+        dense = self.fused_step is not None and self.head is None and self.linears_kind == "dequantized"
+        self.fused_head = F32Matrix([self.head_weight()]) if dense else None
 
     @property
     def decode_step(self) -> str:
