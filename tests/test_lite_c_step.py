@@ -7,7 +7,6 @@ setup the step does not cover is refused with a CapsuleError that says what to d
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from capsule import Session
 from capsule.errors import CapsuleCorrupt, CapsuleError, CapsuleMismatch, LiteUnsupported
 from capsule.lite import LiteResume
 from capsule.lite.kit import Kit, kit_path
+from lite_kits import check_a_changed_weights_file_is_refused
 from capsule.llm.int4_linear import kernel_missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(kernel_missing() is not None, reason=str(kernel_missing()))]
@@ -81,18 +81,9 @@ def test_the_kit_maps_the_sessions_cache_files(store):
         assert {"0.q", "0.k", "0.v", "0.o", "0.gate", "0.up", "0.down", "head.weight"} <= {w.name for w in kit.weights}
 
 
-def test_a_kit_is_refused_when_its_weights_file_changes(store):
-    kit = Kit.read(kit_path(store))
-    suffix = "-int4.safetensors" if kit.engine == "int4-c" else "-f32.safetensors"
-    path = next(Path(f.path) for f in kit.files if f.path.endswith(suffix))
-    st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    try:
-        with pytest.raises(CapsuleMismatch, match="changed since the kit was written"):
-            LiteResume.open(store)
-    finally:
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    LiteResume.open(store).close()
+def test_a_kit_is_refused_when_its_weights_file_changes(store, tmp_path):
+    suffix = "-int4.safetensors" if _engine(store) == "int4-c" else "-f32.safetensors"
+    check_a_changed_weights_file_is_refused(store, tmp_path, suffix)
 
 
 @pytest.mark.parametrize("damage", ["torn", "flip_json", "shape", "dtype", "model"])

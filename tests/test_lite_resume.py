@@ -5,7 +5,6 @@ flipped kit, text not yet prefilled, a memory region, an unknown stream)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from capsule.errors import (CapsuleCorrupt, CapsuleError, CapsuleMismatch, LiteU
                             UnknownStream)
 from capsule.lite import LiteResume
 from capsule.lite.kit import Kit, kit_path
+from lite_kits import check_a_changed_weights_file_is_refused
 
 pytestmark = pytest.mark.slow
 ORT = {"threads": 1, "llm_engines": ["onnxruntime"]}
@@ -115,18 +115,10 @@ def test_another_setups_capsule_is_refused(store, tmp_path):
         LiteResume.open(other, kit=kit_path(store))
 
 
-def test_changed_weights_file_is_refused(store):
+def test_changed_weights_file_is_refused(store, tmp_path):
     kit = Kit.read(kit_path(store))
     assert kit.files, "the kit maps SmolLM2's weights from the dequantized cache, not a copy"
-    path = Path(kit.files[0].path)
-    st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    try:
-        with pytest.raises(CapsuleMismatch, match="changed since the kit was written"):
-            LiteResume.open(store)
-    finally:
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    LiteResume.open(store).close()
+    check_a_changed_weights_file_is_refused(store, tmp_path, Path(kit.files[0].path).name)
 
 
 @pytest.mark.parametrize("damage", ["torn", "flip_json", "flip_graph", "symlink", "empty"])
