@@ -22,6 +22,7 @@
 
 #define ROWS 16          /* outputs reduced together (one v16 of sums) */
 #define XROWS 4          /* rows of x per pass over the weights */
+_Static_assert(ROWS == LANES, "store_sums reduces one v16 of sums per group");
 #define AHEAD 1024       /* floats prefetched ahead of the row being read (4 KB) */
 
 typedef struct {
@@ -62,14 +63,7 @@ void rows(const job_t *j, int64_t n0, int64_t n, int64_t m0, const int64_t mm) {
         }
         for (int64_t m = 0; m < mm; m++) part[m][r] = acc[m];
     }
-    for (int64_t m = 0; m < mm; m++) {
-        float *ym = j->y + (m0 + m) * j->N + n0;
-        if (n == ROWS) {
-            store16(ym, reduce16(part[m]));
-        } else {
-            for (int64_t r = 0; r < n; r++) ym[r] = lane_sum(part[m][r]);
-        }
-    }
+    for (int64_t m = 0; m < mm; m++) store_sums(j->y + (m0 + m) * j->N + n0, part[m], n);
 }
 
 CLONES static void groups(const job_t *j) {

@@ -55,4 +55,15 @@ static inline float lane_sum(v16 v) {
     return t[0];
 }
 
+/* n (<= 16) outputs' 16-lane partial sums -> y[0 .. n-1], each summed as the tree above: one
+ * reduce16 for a full group, lane_sum each for a last partial one (the same order, so the same
+ * bits either way) */
+static inline void store_sums(float *y, const v16 *part, int64_t n) {
+    if (n == LANES) {
+        store16(y, reduce16(part));
+    } else {
+        for (int64_t r = 0; r < n; r++) y[r] = lane_sum(part[r]);
+    }
+}
+
 #endif
