@@ -174,32 +174,32 @@ def build_llm(model: str | os.PathLike, tokenizer: "str | os.PathLike | Referenc
 def decode_attention(setting: str, decoder: Decoder, pool: KVPool) -> str:
     """runtime.decode_attention resolved: "auto" is "cpu" where the C kernel can read this pool
     for this model, else "torch"; an explicit "cpu" that cannot run is an EngineUnavailable."""
-    if setting not in ("auto", "cpu"):
-        return setting
-    why = decode_cpu_unsupported(pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads, decoder.dtype)
-    if setting == "auto":
-        return "torch" if why else "cpu"
-    if why:
-        raise EngineUnavailable(f"runtime.decode_attention='cpu' cannot run: {why}; "
-                                "use decode_attention='torch' (or 'auto')")
-    return setting
+    return _resolve("decode_attention", setting, "cpu", "torch", lambda: decode_cpu_unsupported(
+        pool.tensor, decoder.cfg.head_dim, decoder.cfg.num_heads, decoder.dtype))
 
 
 def decode_step(setting: str, decoder: Decoder, torch_engine: bool) -> str:
     """runtime.decode_step resolved: "auto" is "fused" where the one-call C step can run (the
     torch engine, decode attention "cpu", layers it takes), else "layers"; an explicit "fused"
     that cannot run is an EngineUnavailable."""
-    if setting == "layers":
+    return _resolve("decode_step", setting, "fused", "layers", lambda: (
+        decoder.fused_step_unsupported()
+        or (None if decoder.decode_attention == "cpu" else
+            f"it runs under decode_attention 'cpu', this model's is {decoder.decode_attention!r}")
+        or (None if torch_engine else "it runs on the torch LLM engine (runtime.llm_engines)")))
+
+
+def _resolve(name: str, setting: str, fast: str, slow: str, why: Callable[[], str | None]) -> str:
+    """runtime.<name> resolved: "auto" is `fast` where it can run (why() is None), else `slow`;
+    an explicit `fast` that cannot run is an EngineUnavailable saying why; any other setting as
+    is (why() is asked only for "auto" and `fast`)."""
+    if setting not in ("auto", fast):
         return setting
-    why = (decoder.fused_step_unsupported()
-           or (None if decoder.decode_attention == "cpu" else
-               f"it runs under decode_attention 'cpu', this model's is {decoder.decode_attention!r}")
-           or (None if torch_engine else "it runs on the torch LLM engine (runtime.llm_engines)"))
+    reason = why()
     if setting == "auto":
-        return "layers" if why else "fused"
-    if why:
-        raise EngineUnavailable(f"runtime.decode_step='fused' cannot run: {why}; "
-                                "use decode_step='layers' (or 'auto')")
+        return slow if reason else fast
+    if reason:
+        raise EngineUnavailable(f"runtime.{name}={fast!r} cannot run: {reason}; use {name}={slow!r} (or 'auto')")
     return setting
 
 
