@@ -227,6 +227,40 @@ def test_a_damaged_cache_entry_is_rebuilt(damage, tmp_path, deq_calls):
         t.numel() * 4 for t in good.values())
 
 
+def test_an_entry_another_process_filled_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes loading one GGUF for the first time both dequantize it; the later one must
+    not swap the first one's entry from under it (a restore kit records the file's mtime)."""
+    path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q8_0")
+    entry = cache_dir() / "gguf" / f"{hashlib.sha256(path.read_bytes()).hexdigest()}-f32.safetensors"
+    entry.unlink(missing_ok=True)
+    good = {n: t.clone() for n, t in load_model(path)[0].w.items()}
+    theirs = tmp_path / "theirs.safetensors"
+    entry.replace(theirs)                                    # the cache is empty again
+    real, placed = gguf_weights.tensor_bytes, []
+
+    def other_writer_first(*args):                           # after the miss, before our write
+        theirs.replace(entry)
+        placed.append(entry.stat().st_ino)
+        return real(*args)
+
+    monkeypatch.setattr(gguf_weights, "tensor_bytes", other_writer_first)
+    again, _ = load_model(path)
+    assert placed and entry.stat().st_ino == placed[0]        # theirs stands
+    assert not list(entry.parent.glob(entry.name + ".*.tmp"))  # ours was dropped
+    for name, t in good.items():
+        assert torch.equal(again.w[name], t), name
+
+
+def test_write_private_replaces_or_keeps_what_is_there(tmp_path):
+    from capsule.paths import write_private
+    target = tmp_path / "f"
+    write_private(target, b"first", replace=False)            # nothing there: written
+    write_private(target, b"second", replace=False)           # kept
+    assert target.read_bytes() == b"first"
+    write_private(target, b"third")                           # replaced
+    assert target.read_bytes() == b"third" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
 def test_an_unwritable_cache_only_costs_time(tmp_path, monkeypatch, deq_calls):
     path, _ = checkpoint_gguf("llama", tmp_path, default_qtype="Q4_0")
     (tmp_path / "file").write_text("not a folder")

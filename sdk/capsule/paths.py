@@ -17,24 +17,43 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically: a temporary file of its own beside it (mode 0600,
-    so two writers never share one), fsynced, renamed over `path` (a planted symlink is replaced
-    itself, its target untouched). On failure the temporary file is removed and `path` is as it
-    was."""
+def write_private(path: Path, data: bytes, *, replace: bool = True) -> None:
+    """Write `data` to `path` atomically: a temporary file of its own beside it (mode 0600, so two
+    writers never share one), fsynced, then published (``publish``): renamed over `path` (a
+    planted symlink is replaced itself, its target untouched), or with replace=False only where
+    nothing is there yet. On failure the temporary file is removed and `path` is as it was."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path, replace)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def publish(tmp: str, path: Path, replace: bool) -> None:
+    """Move the finished temporary file `tmp` to `path`: over whatever is there, or (replace=False)
+    only where nothing is: a cache entry two processes fill at once then stays the first one's,
+    so a file another process has mapped, or a restore kit has recorded (size, mtime), is not
+    swapped from under it; the later bytes are dropped. `tmp` is gone afterwards."""
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)          # fails where anything is at `path`
+    except FileExistsError:
+        pass                        # another writer's entry stands
+    except OSError:                 # no hard links on this file system: a rename while still free
+        if not os.path.lexists(path):
+            os.replace(tmp, path)
+            return
+    os.unlink(tmp)
 
 
 def map_file(path: Path, min_size: int, kind: str, access: int = mmap.ACCESS_READ) -> mmap.mmap:

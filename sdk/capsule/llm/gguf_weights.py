@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError, UnsupportedArchitecture
-from ..paths import cache_dir, map_file
+from ..paths import cache_dir, map_file, publish
 from .config import ModelConfig
 from .gguf_file import SUPPORTED_TYPES, GGUFHeader, TensorInfo
 from .layer_weights import expected_shapes
@@ -128,13 +128,14 @@ def load_weights(header: GGUFHeader, cfg: ModelConfig, digest: str,
     plan = tensor_plan(header, cfg)
     meta = {"format": CACHE_FORMAT, "gguf_sha256": digest, "dtype": _ST_DTYPES[dtype]}
     path = cache_path(digest, dtype)
+    stale = os.path.lexists(path)   # a damaged or outdated entry is replaced, a missing one only filled
     cached = _read_cache(path, meta, {n: t.shape for n, t in plan.items()}, dtype)
     if cached is not None:
         return cached
     data = tensor_bytes(header, plan)
     convert = {n: (lambda n=n: dequantize_tensor(data[n], plan[n], cfg, dtype)) for n in sorted(plan)}
     try:
-        _write_cache(path, meta, plan, convert, dtype)
+        _write_cache(path, meta, plan, convert, dtype, replace=stale)
         cached = _read_cache(path, meta, {n: t.shape for n, t in plan.items()}, dtype)
     except OSError:
         cached = None   # a read-only or full cache only costs the dequantization next time
@@ -142,9 +143,10 @@ def load_weights(header: GGUFHeader, cfg: ModelConfig, digest: str,
 
 
 def _write_cache(path: Path, meta: dict[str, str], plan: dict[str, TensorInfo],
-                 convert: dict[str, Callable[[], torch.Tensor]], dtype: torch.dtype) -> None:
+                 convert: dict[str, Callable[[], torch.Tensor]], dtype: torch.dtype, replace: bool) -> None:
     """Write the entry atomically: a temporary file of its own (mode 0600; two processes filling
-    one entry never share it), fsynced, renamed over `path`, the folder fsynced. Tensor by
+    one entry never share it), fsynced, published at `path` (paths.publish: over what is there,
+    or with replace=False only where nothing is yet), the folder fsynced. Tensor by
     tensor: safetensors.save_file would hold every tensor twice in memory."""
     folder = path.parent
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -170,7 +172,7 @@ def _write_cache(path: Path, meta: dict[str, str], plan: dict[str, TensorInfo],
                 f.write(convert[name]().contiguous().view(torch.uint8).numpy().data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path, replace)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

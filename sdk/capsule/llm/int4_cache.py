@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Callable, Sequence
@@ -50,6 +51,7 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
     `digest`, else built (``pack()``) and the entry written."""
     path = entry_path(digest)
     key = _key(digest)
+    stale = os.path.lexists(path)   # an outdated entry is replaced, a missing one only filled
     cached = _load(path, key, cfg, dense, head_weight)
     if cached is not None:
         return cached
@@ -63,7 +65,7 @@ def int4_model(cfg: ModelConfig, dense: Sequence[DenseLinears], head_weight: tor
     try:
         from safetensors.torch import save
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(path, save(tensors, metadata=key))
+        write_private(path, save(tensors, metadata=key), replace=stale)
     except OSError:
         pass   # a read-only or full cache: the next open packs again
     return layers, n, head
