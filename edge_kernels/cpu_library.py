@@ -21,6 +21,7 @@ from pathlib import Path
 NAME = "_cpu_kernels"
 MAX_HEADS = 256         # query heads the decode attention holds (csrc/paged_decode_cpu.c: MAX_HEADS)
 LANES = 16              # the head size must be a multiple of it (csrc: LANES)
+MAX_HEAD_DIM = 256      # and at most this (csrc/paged_decode_cpu.c: MAX_CHUNKS * LANES)
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _INT = ctypes.c_int

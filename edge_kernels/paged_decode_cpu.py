@@ -10,7 +10,7 @@ so a row's result does not depend on the batch or the thread count.
 It is built by `pip install` (setup.py: an optional C extension, no Python API, loaded with
 ctypes by cpu_library.py). Where it could not be built (no C compiler), `missing()` says so and
 callers keep the torch path. fp32 models; fp32 or bf16 pools (runtime.kv_dtype unset or "bfloat16": bf16 K/V
-halve the bytes each step reads); head size a multiple of 16.
+halve the bytes each step reads); head size a multiple of 16, at most 256.
 
 Hot path: no host sync beyond what eager CPU code does anyway; the output is the one allocation.
 """
@@ -21,7 +21,7 @@ import torch
 from . import cpu_library
 from .paged_decode import decode_args
 
-MAX_HEADS, LANES = cpu_library.MAX_HEADS, cpu_library.LANES   # the kernel's limits
+MAX_HEADS, LANES, MAX_HEAD_DIM = cpu_library.MAX_HEADS, cpu_library.LANES, cpu_library.MAX_HEAD_DIM  # the kernel's limits
 KV_DTYPES = (torch.float32, torch.bfloat16)   # pools it reads (bf16 widens exactly to fp32)
 
 
@@ -45,9 +45,9 @@ def unsupported(k_cache: torch.Tensor, head_dim: int, heads: int,
         return f"it reads fp32 or bf16 CPU pools, this one is {k_cache.dtype} on {k_cache.device}"
     if dtype != torch.float32:
         return f"it computes in fp32, the model in {dtype}"
-    if head_dim % LANES or heads > MAX_HEADS:
-        return f"it needs a head size that is a multiple of {LANES} (got {head_dim}) and at most " \
-               f"{MAX_HEADS} query heads (got {heads})"
+    if head_dim % LANES or head_dim > MAX_HEAD_DIM or heads > MAX_HEADS:
+        return f"it needs a head size that is a multiple of {LANES} up to {MAX_HEAD_DIM} (got " \
+               f"{head_dim}) and at most {MAX_HEADS} query heads (got {heads})"
     return missing()
 
 

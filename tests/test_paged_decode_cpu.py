@@ -12,7 +12,7 @@ import torch
 
 from capsule.errors import CapsuleMismatch, EngineUnavailable
 from capsule.session import Session
-from edge_kernels import paged_decode_cpu
+from edge_kernels import cpu_library, paged_decode_cpu
 from edge_kernels.paged_decode_cpu import paged_decode_attention_cpu
 
 from paged_cases import BS, HD, H, NB, NBLK, paged_case, paged_reference
@@ -37,7 +37,7 @@ def _kernel(c: dict, holes: bool, **kw) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])   # runtime.kv_dtype
-@pytest.mark.parametrize("hd", [64, 128, 48])         # the two unrolled sizes and the generic loop
+@pytest.mark.parametrize("hd", [64, 128, 48, 256])    # the two unrolled sizes, the generic loop (to its cap)
 @pytest.mark.parametrize("holes", [False, True])
 @pytest.mark.parametrize("threads", [1, 4])           # 4 > 3 rows: each row split between workers
 def test_equals_the_torch_paged_attention(holes, hd, dtype, threads):
@@ -76,6 +76,19 @@ def test_a_row_does_not_depend_on_the_batch_or_the_threads():
             assert torch.equal(_kernel(alone, True, threads=threads)[0], full[b])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_head_does_not_depend_on_the_other_heads_of_its_group(dtype):
+    # The kernel reads a kv head's values once for its G query heads where every head has four
+    # readable slots, else head by head; a head's sum must run in one order either way. Head 0's
+    # huge scores underflow most of its p to 0, which must not change heads 1 and 2 (same group).
+    c = _case(dtype=dtype)
+    spiky = c["q"].clone()
+    spiky[:, 0] *= 300
+    calm, loud = _kernel(c, False), _kernel({**c, "q": spiky}, False)
+    assert not torch.equal(calm[:, 0], loud[:, 0])
+    assert torch.equal(calm[:, 1:], loud[:, 1:])
+
+
 def test_an_empty_batch_is_an_empty_result():
     c = _case(seed=4)
     empty = {**c, "q": c["q"][:0], "tables": c["tables"][:0], "lens": c["lens"][:0]}
@@ -101,10 +114,26 @@ def test_bad_arguments_are_refused_before_the_kernel_reads():
     odd = _case(hd=40)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         _kernel(odd, False)
+    with pytest.raises(RuntimeError, match="up to 256"):      # its registers hold 16 chunks a slot
+        _kernel(_case(hd=272), False)
     with pytest.raises(ValueError, match="one layout"):
         paged_decode_attention_cpu(c["q"], c["k"], c["v"].contiguous(), c["tables"], c["lens"], 0.1)
     with pytest.raises(ValueError, match="block_tables must be"):
         paged_decode_attention_cpu(c["q"], c["k"], c["v"], c["tables"][:2], c["lens"], 0.1)
+
+
+def test_the_kernel_itself_refuses_heads_it_cannot_hold():
+    # the Python checks come first; the C entry refuses too rather than overrun its registers
+    c = _case(hd=272)
+    q, out = c["q"].contiguous(), torch.empty_like(c["q"])
+    k, v = c["k"], c["v"]
+    B, H, hd = q.shape
+    tables, lens = c["tables"].long().contiguous(), c["lens"].long().contiguous()
+    rc = cpu_library.library().capsule_paged_decode(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), False, k.stride(0), k.shape[2] * hd, hd,
+        tables.data_ptr(), tables.shape[1], lens.data_ptr(), None, B, H, k.shape[2], hd, BS, 0.1,
+        out.data_ptr(), 1)
+    assert rc == -1
 
 
 @pytest.mark.parametrize("kv", [{}, {"kv_dtype": "bfloat16"}])

@@ -49,7 +49,7 @@ class CSteps:
             self._head = F32Parts(n=1)
             self._head.part[0] = self._check("head.weight", (kit.vocab_size, D), np.float32).ctypes.data
             self._head.rows[0] = kit.vocab_size
-        if hd % cpu_library.LANES or H > cpu_library.MAX_HEADS \
+        if hd % cpu_library.LANES or hd > cpu_library.MAX_HEAD_DIM or H > cpu_library.MAX_HEADS \
                 or (kit.pool[1], kit.pool[4], kit.pool[5]) != (m.layers, KV, hd):
             raise CapsuleCorrupt(f"restore kit {kit.file.path}: its model (hidden {D}, {m.layers} layers, {H} heads, "
                                  f"{KV} x {hd} kv heads) is not one the C step runs over its pool {list(kit.pool)}")
