@@ -244,15 +244,20 @@ def test_the_decode_suites_weights_table(session_gguf):
     m = measure(BenchOptions(model=str(session_gguf), device="cpu", quick=True, steps=3), robot_prompt, TOKENIZER,
                 show=False, after_rep=lambda r: reps_done.append((r, len(reps_done))))
     assert reps_done == [(r, r) for r in range(m["reps"])]
-    rows = {(r["linears"], r["attention"], r["threads"]): r for r in m["rows"]}
-    assert {lin for lin, _, _ in rows} == {"dequantized", "int4"} and {t for _, _, t in rows} >= {1}
-    assert {(a, r["kernel"]) for (_, a, _), r in rows.items()} == {("auto", "cpu"), ("torch", "torch")}
-    assert {(a, r["step"]) for (_, a, _), r in rows.items()} == {("auto", "fused"), ("torch", "layers")}
+    rows = {(r["linears"], r["attention"], r["kv"], r["threads"]): r for r in m["rows"]}
+    assert len(rows) == len(m["rows"])                                  # no cell twice
+    assert {lin for lin, _, _, _ in rows} == {"dequantized", "int4"} and {t for *_, t in rows} >= {1}
+    # a bf16 pool under the default attention only, every weights kind and thread count
+    assert {(a, kv) for _, a, kv, _ in rows} == {("auto", "float32"), ("torch", "float32"), ("auto", "bfloat16")}
+    assert {(lin, t) for lin, _, kv, t in rows if kv == "bfloat16"} == {(lin, t) for lin, _, _, t in rows}
+    assert {(a, r["kernel"]) for (_, a, _, _), r in rows.items()} == {("auto", "cpu"), ("torch", "torch")}
+    assert {(a, r["step"]) for (_, a, _, _), r in rows.items()} == {("auto", "fused"), ("torch", "layers")}
     for r in rows.values():
         assert r["b1_ms_ctx512"] > 0 and r["b4_ms_per_token_ctx512"] > 0 and r["prefill_tokens"] >= 512
         assert 0 <= r["greedy_same_as_dequantized"] <= r["greedy_tokens"] == 5
-    assert rows[("dequantized", "auto", 1)]["greedy_same_as_dequantized"] == 5
-    assert set(m["greedy"]) == {f"{lin}/{t}" for lin, _, t in rows}   # the default attention's
+    assert rows[("dequantized", "auto", "float32", 1)]["greedy_same_as_dequantized"] == 5
+    assert rows[("dequantized", "auto", "bfloat16", 1)]["greedy_same_as_dequantized"] == 5
+    assert set(m["greedy"]) == {f"{lin}/{t}" for lin, *_, t in rows}   # the default attention's and pool's
     d = m["deviation"]
     assert d["prompt_tokens"] == 256 and 0 < d["max_abs_logit_dev"] and d["max_dev_over_max_logit"] < 0.05
     assert "skipped" in measure(BenchOptions(model="builtin:tiny", device="cpu", quick=True), robot_prompt, TOKENIZER, show=False)

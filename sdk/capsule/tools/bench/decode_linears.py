@@ -2,11 +2,14 @@
 default) vs kept int4 (``runtime={"linears": "int4"}``, capsule.llm.int4_linear), each with the
 default decode attention ("auto": the C kernel on CPU) and with torch's (gather + SDPA), at 1 and
 2 threads: prefill tokens/s, decode ms/token at batch 1 per context, batch 4 per token and its
-ratio to batch 1, and how far int4's logits are from the dequantized model's.
+ratio to batch 1, and how far int4's logits are from the dequantized model's. Under the default
+attention each weights kind also runs with a bf16 K/V pool (runtime.kv_dtype, a profile's choice):
+at 2,048 tokens a step of four streams reads ~4x a stream's K/V, so the pool's bytes set how far
+batch 4 can get below batch 1 (llama.cpp's own default K/V cache is F16).
 
-Each (linears, attention, threads) cell is a fresh Session; cells are interleaved rep by rep so drift and the
-neighbours' load fall on all alike, after an untimed warm-up of the same shapes. Skipped (with
-the reason recorded) for a model with no Q4_0 / Q4_1 layer, and off CPU.
+Each (linears, attention, kv dtype, threads) cell is a fresh Session; cells are interleaved rep by
+rep so drift and the neighbours' load fall on all alike, after an untimed warm-up of the same
+shapes. Skipped (with the reason recorded) for a model with no Q4_0 / Q4_1 layer, and off CPU.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from .timing import make_clock, percentile, progress, step_probe
 
 LINEARS = ("dequantized", "int4")
 ATTENTION = ("auto", "torch")    # runtime.decode_attention: the default, and torch's for comparison
+KV_DTYPES = ("float32", "bfloat16")   # runtime.kv_dtype: the default (the weights'), and half the bytes
 THREADS = (1, 2)
 CONTEXTS, QUICK_CONTEXTS = (512, 2048), (512,)
 BATCH = 4
@@ -34,6 +38,14 @@ REPS, QUICK_REPS = 2, 1
 DEVIATION_TOKENS = 256
 KV_POOL_MB = 512                 # 4 streams of 2,048 tokens of a 135M model: ~380 MB of fp32 K/V
 Prompt = Callable[[Any, int, int], str]
+Cell = tuple[str, str, str, int]   # (linears, attention, kv dtype, threads)
+
+
+def cells(cores: int) -> list[Cell]:
+    """Every (linears, attention, kv dtype, threads) measured: the bf16 pool only under the
+    default attention (torch's rows are there to compare kernels, not pools)."""
+    return [(lin, att, kv, t) for lin in LINEARS for att in ATTENTION for kv in KV_DTYPES for t in THREADS
+            if t <= cores and (kv == KV_DTYPES[0] or att == ATTENTION[0])]
 
 
 def _cell(s: Session, rep: int, contexts: tuple[int, ...], steps: int, prompt: Prompt) -> dict[str, Any]:
@@ -93,8 +105,8 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
             show: bool = True, after_rep: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Rows per (linears, attention, threads), the deviation, and the default attention's greedy
-    ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot
+    """Rows per (linears, attention, kv dtype, threads), the deviation, and the default attention's
+    and pool's greedy ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot
     load. after_rep(r): called after every cell's timed rep r (the peers suite measures
     llama.cpp's rep r there, so drift in the machine's load falls on both alike)."""
     contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
@@ -105,25 +117,26 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
         dev = deviation(opts.model, tokenizer, prompt)
     except ModelLoadError as exc:
         return {"skipped": str(exc)}
-    cells = [(lin, att, t) for lin in LINEARS for att in ATTENTION for t in THREADS
-             if t <= (os.cpu_count() or 1)]
-    got: dict[tuple[str, str, int], list[dict[str, Any]]] = {c: [] for c in cells}
+    todo = cells(os.cpu_count() or 1)
+    got: dict[Cell, list[dict[str, Any]]] = {c: [] for c in todo}
     before = torch.get_num_threads()   # process-wide: give it back afterwards
-    bar = progress(len(cells) * (reps + 1), "linears x attention x threads", show, unit="rep")
+    bar = progress(len(todo) * (reps + 1), "linears x attention x kv x threads", show, unit="rep")
     kinds: dict[str, str] = {}
-    steps_run: dict[tuple[str, str], str] = {}
+    steps_run: dict[tuple[str, str, str], str] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="capsule-bench-linears-") as tmp:
-            sessions = {(lin, att, t): Session.open(
-                Path(tmp) / f"{lin}-{att}-{t}", model=opts.model, tokenizer=tokenizer, device="cpu",
-                runtime={"threads": t, "linears": lin, "decode_attention": att, "kv_pool_mb": KV_POOL_MB})
-                for lin, att, t in cells}
-            kinds = {att: s.engine.runner.model.decode_attention for (_, att, _), s in sessions.items()}
-            steps_run = {(lin, att): s.engine.runner.model.decode_step for (lin, att, _), s in sessions.items()}
+            sessions = {(lin, att, kv, t): Session.open(
+                Path(tmp) / f"{lin}-{att}-{kv}-{t}", model=opts.model, tokenizer=tokenizer, device="cpu",
+                runtime={"threads": t, "linears": lin, "decode_attention": att, "kv_pool_mb": KV_POOL_MB,
+                         "kv_dtype": kv})
+                for lin, att, kv, t in todo}
+            kinds = {att: s.engine.runner.model.decode_attention for (_, att, _, _), s in sessions.items()}
+            steps_run = {(lin, att, kv): s.engine.runner.model.decode_step
+                         for (lin, att, kv, _), s in sessions.items()}
             try:
                 for r in range(-1, reps):      # rep -1: the untimed warm-up
                     for c, s in sessions.items():
-                        torch.set_num_threads(c[2])
+                        torch.set_num_threads(c[3])
                         cell = _cell(s, r, contexts, steps, prompt)
                         if r >= 0:
                             got[c].append(cell)
@@ -137,37 +150,53 @@ def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
         torch.set_num_threads(before)
         bar.close()
     return {"rows": _rows(got, contexts, kinds, steps_run), "deviation": dev, "cores": os.cpu_count(),
-            "greedy": {f"{lin}/{t}": cells[0]["ids"] for (lin, att, t), cells in got.items()
-                       if att == ATTENTION[0]},
+            "greedy": {f"{lin}/{t}": runs[0]["ids"] for (lin, att, kv, t), runs in got.items()
+                       if att == ATTENTION[0] and kv == KV_DTYPES[0]},
             "load_average_1m": _load(), "reps": reps, "steps": steps}
 
 
-def _rows(got: dict[tuple[str, str, int], list[dict[str, Any]]], contexts: tuple[int, ...],
-          kinds: dict[str, str], steps_run: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+def _rows(got: dict[Cell, list[dict[str, Any]]], contexts: tuple[int, ...],
+          kinds: dict[str, str], steps_run: dict[tuple[str, str, str], str]) -> list[dict[str, Any]]:
     """One row per cell; "attention" is the setting, "kernel" what it resolved to, "step" the
-    decode step it ran (runtime.decode_step "auto": "fused" or "layers")."""
+    decode step it ran (runtime.decode_step "auto": "fused" or "layers"), "kv" the pool's dtype;
+    greedy ids are compared with the dequantized model's under the same attention and pool."""
     def ms(v: list[float], per: int = 1) -> float | None:
         return percentile(v, 50) * 1e3 / per if v else None
     rows = []
-    for (lin, att, t), cells in got.items():
-        base = got[("dequantized", att, t)][0]["ids"]
+    for (lin, att, kv, t), runs in got.items():
+        base = got[("dequantized", att, kv, t)][0]["ids"]
         row: dict[str, Any] = {"linears": lin, "attention": att, "kernel": kinds.get(att, att),
-                               "step": steps_run.get((lin, att), "?"), "threads": t,
-                               "prefill_tokens": cells[0]["prefill"][0],
-                               "prefill_tokens_per_s": cells[0]["prefill"][0]
-                               / statistics.median(c["prefill"][1] for c in cells)}
+                               "step": steps_run.get((lin, att, kv), "?"), "kv": kv, "threads": t,
+                               "prefill_tokens": runs[0]["prefill"][0],
+                               "prefill_tokens_per_s": runs[0]["prefill"][0]
+                               / statistics.median(c["prefill"][1] for c in runs)}
         for c in contexts:
-            row[f"b1_ms_ctx{c}"] = ms([dt for cell in cells for dt in cell["steps"][c]])
+            row[f"b1_ms_ctx{c}"] = ms([dt for cell in runs for dt in cell["steps"][c]])
         b1 = row[f"b1_ms_ctx{contexts[-1]}"]
-        b4 = ms([dt for cell in cells for dt in cell.get("batched", [])], BATCH)
+        b4 = ms([dt for cell in runs for dt in cell.get("batched", [])], BATCH)
         row[f"b{BATCH}_ms_per_token_ctx{contexts[-1]}"] = b4
         row[f"b{BATCH}_vs_b1"] = b4 / b1 if b4 and b1 else None
-        ids = cells[0]["ids"]
+        row[f"b{BATCH}_vs_b1_floor"] = floor(row[f"b1_ms_ctx{contexts[0]}"], b1, contexts)
+        ids = runs[0]["ids"]
         row["greedy_tokens"] = len(ids)
         row["greedy_same_as_dequantized"] = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b),
                                                  len(ids))
         rows.append(row)
     return rows
+
+
+def floor(first: float | None, last: float | None, contexts: tuple[int, ...]) -> float | None:
+    """The batch-4 / batch-1 ratio a step would reach at the last context if it cost the weights
+    once plus four streams' K/V at batch 1's cost per cached token: batch 1's step fitted as
+    w + k * context through its first and last contexts. Both are read from memory, so the pool's
+    bytes against the weights' bound the ratio (None with one context or a fit below zero)."""
+    if first is None or last is None or len(contexts) < 2 or contexts[-1] == contexts[0]:
+        return None
+    k = (last - first) / (contexts[-1] - contexts[0])                   # ms per cached token
+    w = first - k * contexts[0]                                         # ms of the weights
+    if k < 0 or w < 0:
+        return None
+    return (w + BATCH * k * contexts[-1]) / (BATCH * last)
 
 
 def _load() -> float | None:
@@ -186,6 +215,7 @@ def report(opts: BenchOptions, results: dict[str, Any], tables: dict[str, list[d
     if "skipped" in m:
         return
     load = m["load_average_1m"]
-    tables[f"weights x decode attention: dequantized vs int4, auto vs torch ({m['cores']} cores, load average "
+    tables[f"weights x decode attention x K/V: dequantized vs int4, auto vs torch, fp32 vs bf16 pool "
+           f"({m['cores']} cores, load average "
            f"{'n/a' if load is None else f'{load:.2f}'} at the start)"] = m["rows"]
     tables["int4 logits vs the dequantized model's"] = [m["deviation"]]
