@@ -255,6 +255,7 @@ def test_the_decode_suites_weights_table(session_gguf):
     for r in rows.values():
         assert r["b1_ms_ctx512"] > 0 and r["b4_ms_per_token_ctx512"] > 0 and r["prefill_tokens"] >= 512
         assert 0 <= r["greedy_same_as_dequantized"] <= r["greedy_tokens"] == 5
+        assert 0 <= r["greedy_same_as_fp32_kv"] <= 5 and (r["kv"] == "bfloat16" or r["greedy_same_as_fp32_kv"] == 5)
     assert rows[("dequantized", "auto", "float32", 1)]["greedy_same_as_dequantized"] == 5
     assert rows[("dequantized", "auto", "bfloat16", 1)]["greedy_same_as_dequantized"] == 5
     assert set(m["greedy"]) == {f"{lin}/{t}" for lin, *_, t in rows}   # the default attention's and pool's

@@ -159,7 +159,8 @@ def _rows(got: dict[Cell, list[dict[str, Any]]], contexts: tuple[int, ...],
           kinds: dict[str, str], steps_run: dict[tuple[str, str, str], str]) -> list[dict[str, Any]]:
     """One row per cell; "attention" is the setting, "kernel" what it resolved to, "step" the
     decode step it ran (runtime.decode_step "auto": "fused" or "layers"), "kv" the pool's dtype;
-    greedy ids are compared with the dequantized model's under the same attention and pool."""
+    greedy ids are compared with the dequantized model's under the same attention and pool, and
+    with the same weights' under the fp32 pool."""
     def ms(v: list[float], per: int = 1) -> float | None:
         return percentile(v, 50) * 1e3 / per if v else None
     rows = []
@@ -179,10 +180,15 @@ def _rows(got: dict[Cell, list[dict[str, Any]]], contexts: tuple[int, ...],
         row[f"b{BATCH}_vs_b1_floor"] = floor(row[f"b1_ms_ctx{contexts[0]}"], b1, contexts)
         ids = runs[0]["ids"]
         row["greedy_tokens"] = len(ids)
-        row["greedy_same_as_dequantized"] = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b),
-                                                 len(ids))
+        row["greedy_same_as_dequantized"] = lead(ids, base)
+        row["greedy_same_as_fp32_kv"] = lead(ids, got[(lin, att, KV_DTYPES[0], t)][0]["ids"])
         rows.append(row)
     return rows
+
+
+def lead(a: list[int], b: list[int]) -> int:
+    """How many leading ids two greedy runs share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def floor(first: float | None, last: float | None, contexts: tuple[int, ...]) -> float | None:

@@ -34,10 +34,6 @@ def _ms(values: list[float]) -> float | None:
     return statistics.median(values) * 1e3 if values else None
 
 
-def _lead(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def _decode_rows(res: dict[str, Any], contexts: tuple[int, ...]) -> list[dict[str, Any]]:
     ours = {(r["linears"], r["threads"]): r for r in res["capsule_decode"].get("rows", [])
             if r.get("attention", decode_linears.ATTENTION[0]) == decode_linears.ATTENTION[0]
@@ -69,7 +65,8 @@ def _greedy_rows(res: dict[str, Any], contexts: tuple[int, ...]) -> list[dict[st
                 continue
             theirs = cells[0][str(contexts[0])]["greedy"]
             rows.append({"weights": f"{NAMES[lin]} / {NAMES[w]}", "threads": t, "context": contexts[0],
-                         "tokens": min(len(mine), len(theirs)), "equal_leading_tokens": _lead(mine, theirs)})
+                         "tokens": min(len(mine), len(theirs)),
+                         "equal_leading_tokens": decode_linears.lead(mine, theirs)})
     return rows
 
 
