@@ -106,9 +106,9 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 def measure(opts: BenchOptions, prompt: Prompt, tokenizer: str | None = None,
             show: bool = True, after_rep: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Rows per (linears, attention, kv dtype, threads), the deviation, and the default attention's
-    and pool's greedy ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why} when int4 cannot
-    load. after_rep(r): called after every cell's timed rep r (the peers suite measures
-    llama.cpp's rep r there, so drift in the machine's load falls on both alike)."""
+    and pool's greedy ids at the first context ("greedy": {"int4/1": ids, ...}); {"skipped": why}
+    when int4 cannot load. after_rep(r): called after every cell's timed rep r (the peers suite
+    measures llama.cpp's rep r there, so drift in the machine's load falls on both alike)."""
     contexts = QUICK_CONTEXTS if opts.quick else CONTEXTS
     steps = opts.steps or (QUICK_STEPS if opts.quick else STEPS)
     steps = min(steps, QUICK_STEPS if opts.quick else STEPS)
