@@ -23,10 +23,41 @@ def test_no_build_when_forbidden_and_the_cached_venv_is_reused(tmp_path, monkeyp
     fake.parent.mkdir(parents=True)
     fake.write_text(f"#!/bin/sh\necho {peers_env.VERSION}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    assert peers_env.ensure(show=False).python is None             # no record of its build flags
+    stamp = fake.parent.parent / peers_env.STAMP
+    stamp.write_text(peers_env.build_flags().replace("AMX_INT8=OFF", "AMX_INT8=ON"))
+    assert peers_env.ensure(show=False).python is None             # built with other flags: not reused
+    stamp.write_text(peers_env.build_flags())
     env = peers_env.ensure(show=False)
     assert env.python == fake and env.why == "" and env.built_s == 0.0
     fake.write_text("#!/bin/sh\necho 0.0.1\n")                  # another version: not reused
     assert peers_env.ensure(show=False).python is None
+
+
+def test_on_x86_llama_cpp_is_built_without_amx_even_for_the_native_cpu(monkeypatch):
+    # -march=native ignores GGML_AMX_*=OFF; only an explicit -mno-amx-* keeps tilezero out
+    monkeypatch.setattr(peers_env.platform, "machine", lambda: "x86_64")
+    assert set(peers_env.compiler_flags().split()) == {"-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"}
+    assert "-mno-amx-int8" in peers_env.build_flags()
+    monkeypatch.setattr(peers_env.platform, "machine", lambda: "aarch64")   # gcc there has no such flag
+    assert peers_env.compiler_flags() == ""
+
+
+def test_a_peer_that_crashes_mid_run_is_left_out_with_the_reason(tmp_path):
+    from capsule.tools.bench.peers import _peer, _without_peer
+    crash = tmp_path / "python"
+    crash.write_text("#!/bin/sh\nkill -ILL $$\n")                # as llama.cpp's AMX path did here
+    crash.chmod(crash.stat().st_mode | stat.S_IXUSR)
+    env = peers_env.PeerEnv(crash)
+    with pytest.raises(RuntimeError, match="decode was killed by SIGILL"):
+        _peer(env, "decode", str(tmp_path / "job.json"))
+    why = _without_peer(lambda: _peer(env, "decode", str(tmp_path / "job.json")))
+    assert why.startswith("llama.cpp failed during the run") and "SIGILL" in why
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexit 0\n")                     # ran, printed no result
+    silent.chmod(silent.stat().st_mode | stat.S_IXUSR)
+    assert "llama.cpp failed" in _without_peer(lambda: _peer(peers_env.PeerEnv(silent), "restore", "x"))
+    assert _without_peer(lambda: None) == ""
 
 
 def _results(peer: bool) -> dict:

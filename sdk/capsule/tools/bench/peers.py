@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import ModelLoadError
 from ...llm.catalog import resolve_named
@@ -58,11 +59,31 @@ def _peer(env: peers_env.PeerEnv, *args: str) -> dict[str, Any]:
     proc = subprocess.run([str(env.python), "-I", str(CHILD), *args], capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama.cpp child {args[0]} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"llama.cpp child {args[0]} {_ended(proc.returncode)}:\n{proc.stderr[-2000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     if "t_start" in out:
         out["interpreter_s"] = max(0.0, out.pop("t_start") - spawn)
     return out
+
+
+def _ended(rc: int) -> str:
+    """How a child ended: "exited 1", "was killed by SIGILL" (a negative code is its signal)."""
+    if rc >= 0:
+        return f"exited {rc}"
+    try:
+        return f"was killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"was killed by signal {-rc}"
+
+
+def _without_peer(measure: Callable[[], None]) -> str:
+    """Empty when measure() ran; else why llama.cpp failed (a child that crashed, hung or printed no
+    result), so the suite reports capsule's figures without the peer instead of losing them."""
+    try:
+        measure()
+    except (RuntimeError, subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
+        return f"llama.cpp failed during the run, so its figures are left out: {exc}"[:2000]
+    return ""
 
 
 def _job(work: Path, name: str, job: dict[str, Any]) -> str:
@@ -139,16 +160,17 @@ def run(opts: BenchOptions) -> SuiteResult:
             f32 = peers_env.cache_dir() / f"{src.stem}-{src.stat().st_size}.F32.gguf"
             files = {"F32": write_f32_copy(src, f32), "Q4_1": src}
         llama: dict[str, list[dict[str, Any]]] = {}
+        why = [env.why]       # a peer that fails mid-run: the reason; the suite goes on without it
 
         def peer_rep(r: int) -> None:   # llama.cpp's rep r right after capsule's rep r
-            if files:
-                _llama_decode_rep(env, files, ids, steps, r, work, llama, show)
+            if files and not why[-1]:
+                why.append(_without_peer(lambda: _llama_decode_rep(env, files, ids, steps, r, work, llama, show)))
 
         ours = decode_linears.measure(opts, robot_prompt, show=show, after_rep=peer_rep)
-        results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python), "why": env.why,
+        results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python), "why": why[-1],
                                                                      "version": peers_env.VERSION,
                                                                      "built_s": env.built_s}}
-        if files:
+        if files and not why[-1]:
             results["llama_decode"] = llama
         results["capsule_restore"] = {}
         for _, lin in PEER_WEIGHTS:
@@ -162,8 +184,13 @@ def run(opts: BenchOptions) -> SuiteResult:
         results["capsule_lite_restore"] = measure_lite(transcript, model, restore_reps, work)
         results["capsule_lite_restore_f32c"] = measure_lite(transcript, model, restore_reps, work, "dequantized-c")
         results["capsule_lite_restore_int4"] = measure_lite(transcript, model, restore_reps, work, "int4")
-        if files:
-            results["llama_restore"] = _llama_restore(env, files, restore_ids, restore_reps, work)
+        if files and not why[-1]:
+            got: dict[str, Any] = {}
+            why.append(_without_peer(lambda: got.update(_llama_restore(env, files, restore_ids, restore_reps,
+                                                                       work))))
+            results["peer"]["why"] = why[-1]
+            if not why[-1]:
+                results["llama_restore"] = got
     results["load_average_1m"] = {"start": load0, "end": os.getloadavg()[0]}
     return SuiteResult(settings=settings(opts, contexts, steps, reps, restore_reps, src),
                        results=results, tables=tables(results, contexts))
