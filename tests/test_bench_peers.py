@@ -66,8 +66,7 @@ def _results(peer: bool) -> dict:
     res = {"capsule_decode": {"rows": [cap("dequantized", 1, 50.0, 70.0, 0.6), cap("dequantized", 2, 45.0, 60.0, 0.5),
                                        cap("int4", 1, 20.0, 40.0, 0.35), cap("int4", 2, 15.0, 30.0, 0.3),
                                        # a bf16 pool: a batch-4 target, not a llama.cpp comparison
-                                       {**cap("dequantized", 1, 49.0, 69.0, 0.38), "kv": "bfloat16",
-                                        "b4_vs_b1_floor": 0.31}],
+                                       {**cap("dequantized", 1, 49.0, 69.0, 0.38), "kv": "bfloat16"}],
                               "greedy": {"dequantized/1": [5, 6, 7, 8], "int4/1": [5, 6, 9, 9]}},
            "capsule_restore": {lin: {"restore_interpreter_s": 0.02, "restore_import_s": 1.2, "restore_open_s": 0.03,
                                      "restore_in_open_s": 0.01, "restore_first_token_s": 0.03,
@@ -159,15 +158,3 @@ def test_llama_cpps_f32_copy_holds_the_weights_capsule_runs(tmp_path):
     assert write_f32_copy(src, dst) == dst and dst.stat().st_mtime_ns == stamp    # reused, not rewritten
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
 
-
-def test_the_batch_4_floor_is_the_weights_once_plus_four_streams_kv():
-    from capsule.tools.bench.decode_linears import floor
-    # batch 1: 20 ms at 512, 32 ms at 2,048 -> 1/128 ms a cached token: 16 ms of weights, 16 of K/V
-    assert floor(20.0, 32.0, (512, 2048)) == pytest.approx((16.0 + 4 * 16.0) / (4 * 32.0))
-    assert floor(20.0, 20.0, (512, 2048)) == pytest.approx(0.25)          # no K/V cost: weights once
-    assert floor(20.0, 32.0, (512,)) is None and floor(None, 32.0, (512, 2048)) is None
-    assert floor(40.0, 32.0, (512, 2048)) is None                        # noise: a negative K/V cost
-    assert floor(2.0, 32.0, (512, 2048)) is None                         # noise: negative weights
-    rows = tables(_results(peer=False), (512, 2048))["targets (issue 19)"]
-    assert all("floor" in r for r in rows)                     # every row: the table's columns are the first's
-    assert [r["floor"] for r in rows if r["floor"] is not None] == [0.31]   # the one fake row that has one

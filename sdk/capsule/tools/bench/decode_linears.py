@@ -177,7 +177,6 @@ def _rows(got: dict[Cell, list[dict[str, Any]]], contexts: tuple[int, ...],
         b4 = ms([dt for cell in runs for dt in cell.get("batched", [])], BATCH)
         row[f"b{BATCH}_ms_per_token_ctx{contexts[-1]}"] = b4
         row[f"b{BATCH}_vs_b1"] = b4 / b1 if b4 and b1 else None
-        row[f"b{BATCH}_vs_b1_floor"] = floor(row[f"b1_ms_ctx{contexts[0]}"], b1, contexts)
         ids = runs[0]["ids"]
         row["greedy_tokens"] = len(ids)
         row["greedy_same_as_dequantized"] = lead(ids, base)
@@ -189,20 +188,6 @@ def _rows(got: dict[Cell, list[dict[str, Any]]], contexts: tuple[int, ...],
 def lead(a: list[int], b: list[int]) -> int:
     """How many leading ids two greedy runs share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def floor(first: float | None, last: float | None, contexts: tuple[int, ...]) -> float | None:
-    """The batch-4 / batch-1 ratio a step would reach at the last context if it cost the weights
-    once plus four streams' K/V at batch 1's cost per cached token: batch 1's step fitted as
-    w + k * context through its first and last contexts. Both are read from memory, so the pool's
-    bytes against the weights' bound the ratio (None with one context or a fit below zero)."""
-    if first is None or last is None or len(contexts) < 2 or contexts[-1] == contexts[0]:
-        return None
-    k = (last - first) / (contexts[-1] - contexts[0])                   # ms per cached token
-    w = first - k * contexts[0]                                         # ms of the weights
-    if k < 0 or w < 0:
-        return None
-    return (w + BATCH * k * contexts[-1]) / (BATCH * last)
 
 
 def _load() -> float | None:
