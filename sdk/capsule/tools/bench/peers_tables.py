@@ -21,7 +21,8 @@ def settings(opts: BenchOptions, contexts: tuple[int, ...], steps: int, reps: in
              gguf: Path) -> dict[str, Any]:
     return {"model": opts.model, "gguf": gguf.name, "contexts": list(contexts), "decode_steps": steps,
             "reps": reps, "restore_reps": restore_reps, "threads": list(decode_linears.THREADS),
-            "peer": f"llama-cpp-python {peers_env.VERSION} (CMAKE_ARGS {peers_env.CMAKE_ARGS})",
+            "peer": f"llama-cpp-python {peers_env.VERSION} (CMAKE_ARGS {peers_env.CMAKE_ARGS}; CFLAGS and "
+                    f"CXXFLAGS {peers_env.compiler_flags() or '-'})",
             "f32": "llama.cpp's F32 GGUF: every tensor of the same GGUF dequantized by gguf.quants, as "
                    "capsule's loader does (bit-identical weights)",
             "kv_cache": "llama.cpp: its default F16 K/V cache; capsule's batch-1 rows: its default fp32 pool "
