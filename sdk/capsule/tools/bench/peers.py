@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import ModelLoadError
 from ...llm.catalog import resolve_named
@@ -76,14 +76,14 @@ def _ended(rc: int) -> str:
         return f"was killed by signal {-rc}"
 
 
-def _without_peer(measure: Callable[[], None]) -> str:
-    """Empty when measure() ran; else why llama.cpp failed (a child that crashed, hung or printed no
-    result), so the suite reports capsule's figures without the peer instead of losing them."""
-    try:
-        measure()
-    except (RuntimeError, subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as exc:
-        return f"llama.cpp failed during the run, so its figures are left out: {exc}"[:2000]
-    return ""
+# what a failing llama.cpp child raises (a crash, a hang, no result printed): the suite reports
+# capsule's figures without the peer instead of losing them
+PEER_FAILURES = (RuntimeError, subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError)
+
+
+def _left_out(exc: BaseException) -> str:
+    """Why the peer's figures are missing from this run."""
+    return f"llama.cpp failed during the run, so its figures are left out: {exc}"[:2000]
 
 
 def _job(work: Path, name: str, job: dict[str, Any]) -> str:
@@ -160,17 +160,21 @@ def run(opts: BenchOptions) -> SuiteResult:
             f32 = peers_env.cache_dir() / f"{src.stem}-{src.stat().st_size}.F32.gguf"
             files = {"F32": write_f32_copy(src, f32), "Q4_1": src}
         llama: dict[str, list[dict[str, Any]]] = {}
-        why = [env.why]       # a peer that fails mid-run: the reason; the suite goes on without it
+        why = env.why         # a peer that fails mid-run: the reason; the suite goes on without it
 
         def peer_rep(r: int) -> None:   # llama.cpp's rep r right after capsule's rep r
-            if files and not why[-1]:
-                why.append(_without_peer(lambda: _llama_decode_rep(env, files, ids, steps, r, work, llama, show)))
+            nonlocal why
+            if files and not why:
+                try:
+                    _llama_decode_rep(env, files, ids, steps, r, work, llama, show)
+                except PEER_FAILURES as exc:
+                    why = _left_out(exc)
 
         ours = decode_linears.measure(opts, robot_prompt, show=show, after_rep=peer_rep)
-        results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python), "why": why[-1],
+        results: dict[str, Any] = {"capsule_decode": ours, "peer": {"python": str(env.python),
                                                                      "version": peers_env.VERSION,
                                                                      "built_s": env.built_s}}
-        if files and not why[-1]:
+        if files and not why:
             results["llama_decode"] = llama
         results["capsule_restore"] = {}
         for _, lin in PEER_WEIGHTS:
@@ -184,13 +188,12 @@ def run(opts: BenchOptions) -> SuiteResult:
         results["capsule_lite_restore"] = measure_lite(transcript, model, restore_reps, work)
         results["capsule_lite_restore_f32c"] = measure_lite(transcript, model, restore_reps, work, "dequantized-c")
         results["capsule_lite_restore_int4"] = measure_lite(transcript, model, restore_reps, work, "int4")
-        if files and not why[-1]:
-            got: dict[str, Any] = {}
-            why.append(_without_peer(lambda: got.update(_llama_restore(env, files, restore_ids, restore_reps,
-                                                                       work))))
-            results["peer"]["why"] = why[-1]
-            if not why[-1]:
-                results["llama_restore"] = got
+        if files and not why:
+            try:
+                results["llama_restore"] = _llama_restore(env, files, restore_ids, restore_reps, work)
+            except PEER_FAILURES as exc:
+                why = _left_out(exc)
+        results["peer"]["why"] = why
     results["load_average_1m"] = {"start": load0, "end": os.getloadavg()[0]}
     return SuiteResult(settings=settings(opts, contexts, steps, reps, restore_reps, src),
                        results=results, tables=tables(results, contexts))

@@ -110,10 +110,10 @@ def _targets(decode: list[dict[str, Any]], restore: list[dict[str, Any]], res: d
     for r in res["capsule_decode"].get("rows", []):
         ratio = r.get(f"b{decode_linears.BATCH}_vs_b1")
         if ratio is not None:
-            kv = r.get("kv", decode_linears.KV_DTYPES[0])
+            att, kv = r.get("attention", decode_linears.ATTENTION[0]), r.get("kv", decode_linears.KV_DTYPES[0])
             out.append({"target": f"batch {decode_linears.BATCH} per token <= 0.4x batch 1 at "
-                                  f"{contexts[-1]} ({r['linears']}, {r.get('attention', 'auto')} attention, "
-                                  f"{kv} K/V, {r['threads']} thread(s))",
+                                  f"{contexts[-1]} ({r['linears']}, {att} attention, {kv} K/V, "
+                                  f"{r['threads']} thread(s))",
                         "capsule": ratio, "bound": 0.4, "met": ratio <= 0.4})
     by = {r["who"]: r for r in restore}
     for lin, w in PAIRS:
